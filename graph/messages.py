@@ -1,0 +1,229 @@
+"""Every message that flows through a session graph, in one module.
+
+Data messages travel on bounded edges in order. Controls (`Interrupt`, `Truncate`, `Close`)
+travel beside them and overtake queued data: the runtime hands a control to every node of the
+session at once and drops queued data of the turn it cancels.
+
+Audio is carried as numpy arrays (never base64 or bytes inside the graph): input audio is
+float32 mono at the rate named in the message, output audio is float32 mono at 24 kHz.
+
+Each message carries the session id, the turn it belongs to (`turn_id`, -1 for input that is
+not yet part of a turn) and its media time in milliseconds on the session's input timeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+
+class Message(msgspec.Struct, kw_only=True):
+    session_id: str = ""
+    turn_id: int = -1
+    media_ms: float = 0.0
+
+
+# --------------------------------------------------------------------------- input side
+
+
+class AudioChunk(Message):
+    """Input audio as it arrives from the client (float32 mono in [-1, 1])."""
+
+    samples: np.ndarray
+    sample_rate: int
+
+
+class ImageFrame(Message):
+    """A camera frame (encoded JPEG/PNG bytes) at `media_ms` on the input audio timeline."""
+
+    image: bytes
+
+
+class SpeechStarted(Message):
+    audio_start_ms: float
+
+
+class SpeechStopped(Message):
+    audio_end_ms: float
+
+
+class ReplyParams(msgspec.Struct, kw_only=True):
+    """What a reply should look like (from session config and `response.create`)."""
+
+    response_id: str = ""
+    output_modalities: tuple[str, ...] = ("audio",)
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    voice: str | None = None
+    # `conversation: "none"`: answer out of band, leave no trace in the session's history.
+    out_of_band: bool = False
+    sampling: dict[str, Any] = {}
+
+
+class Turn(Message):
+    """One unit of conversation for the model: a user utterance, a text item, or a reply request.
+
+    `audio` is 16 kHz float32 mono. `reply` set means: answer now, over everything the
+    conversation holds so far (including this turn). A turn with no content and a reply is a
+    plain `response.create`. `role="assistant"` with `text` and `speak=True` is a stateless
+    speech request: the reply is exactly `text`, spoken (teacher-forced, no sampling).
+    """
+
+    item_id: str = ""
+    role: str = "user"
+    text: str | None = None
+    audio: np.ndarray | None = None
+    images: list[bytes] = []
+    reply: ReplyParams | None = None
+    speak: bool = False
+    instructions: str | None = None
+
+
+# --------------------------------------------------------------------------- model side
+
+
+class Features(Message):
+    """Model inputs for one turn (token ids, audio features, image pixels)."""
+
+    item_id: str = ""
+    tensors: dict[str, Any] = {}
+    reply: ReplyParams | None = None
+    meta: dict[str, Any] = {}
+
+
+class Embeddings(Message):
+    item_id: str = ""
+    tensors: dict[str, Any] = {}
+    reply: ReplyParams | None = None
+    meta: dict[str, Any] = {}
+
+
+class TextDelta(Message):
+    """Reply text as it is generated. `token_ids` are the thinker tokens behind `text`."""
+
+    response_id: str = ""
+    text: str
+    token_ids: tuple[int, ...] = ()
+
+
+class HiddenChunk(Message):
+    """Thinker output the talker needs for one or more reply tokens."""
+
+    response_id: str = ""
+    token_ids: tuple[int, ...] = ()
+    tensors: dict[str, Any] = {}
+    final: bool = False
+
+
+class CodecFrames(Message):
+    """Codec frames (shape [frames, code_groups], int) from the talker."""
+
+    response_id: str = ""
+    codes: np.ndarray
+    final: bool = False
+
+
+class AudioOut(Message):
+    """Reply audio, float32 mono."""
+
+    response_id: str = ""
+    samples: np.ndarray
+    sample_rate: int = 24000
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_text_tokens: int = 0
+    input_audio_tokens: int = 0
+    input_image_tokens: int = 0
+    cached_tokens: int = 0
+    output_text_tokens: int = 0
+    output_audio_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class TurnDone(Message):
+    """End of a reply. status: completed | cancelled | failed | incomplete."""
+
+    response_id: str = ""
+    status: str = "completed"
+    reason: str | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+    transcript: str = ""
+
+
+class NodeEvent(Message):
+    """A node's notice for the transport (e.g. dialog: `committed`, `cleared`, an input error).
+
+    `kind` names the event; `fields` carries its payload. The protocol layer maps these onto its
+    own wire events; the graph does not know any wire format.
+    """
+
+    kind: str
+    fields: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------- controls
+
+
+class Control(Message):
+    """Base of the messages that overtake data."""
+
+
+class Interrupt(Control):
+    """Stop the reply of `turn_id` now (barge-in, response.cancel)."""
+
+    response_id: str = ""
+    reason: str = "interrupted"
+
+
+class Truncate(Control):
+    """The listener heard only `audio_end_ms` of the reply of `turn_id`; forget the rest."""
+
+    response_id: str = ""
+    item_id: str = ""
+    audio_end_ms: float = 0.0
+
+
+class Close(Control):
+    reason: str = "closed"
+
+
+class Command(Message):
+    """A transport's instruction to a node (`commit`, `clear`, `configure`, `create_response`...).
+
+    Commands are data, not controls: they travel the input path in order with the audio, so a
+    `commit` sent after some appends always sees those appends. Nodes forward the commands they
+    do not act on. `target` names the node type that should act on it.
+    """
+
+    target: str
+    name: str
+    args: dict[str, Any] = {}
+
+
+DATA_TYPES: dict[str, type[Message]] = {
+    cls.__name__: cls
+    for cls in (
+        AudioChunk,
+        ImageFrame,
+        SpeechStarted,
+        SpeechStopped,
+        Turn,
+        Features,
+        Embeddings,
+        TextDelta,
+        HiddenChunk,
+        CodecFrames,
+        AudioOut,
+        TurnDone,
+        NodeEvent,
+        Command,
+    )
+}
