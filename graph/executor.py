@@ -1,0 +1,137 @@
+"""Where model compute runs: worker threads, never the event loop.
+
+`ComputePool.run(fn, ...)` runs one call in a thread. A `Batcher` is a shared executor: sessions
+`await batcher.submit(item)`, a dedicated worker thread takes every ready item (up to
+`max_batch`, most urgent first) and hands them to one `batch_fn(items) -> results` call, so the
+work of many sessions goes through one forward. torch and onnxruntime release the GIL while they
+compute, so the event loop keeps moving messages meanwhile.
+
+Priority: lower numbers go first. Live sessions submit at `PRIORITY_REALTIME`; stateless speech
+requests at `PRIORITY_SPEECH`, so they fill batches but never push live sessions out of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+PRIORITY_REALTIME = 0
+PRIORITY_SPEECH = 10
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class ComputePool:
+    def __init__(self, threads: int = 4):
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compute")
+        self._batchers: list[Batcher[Any, Any]] = []
+
+    async def run(self, fn: Callable[..., Result], *args: Any) -> Result:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    def batcher(
+        self,
+        name: str,
+        batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]],
+        max_batch: int = 32,
+    ) -> Batcher[Item, Result]:
+        batcher: Batcher[Item, Result] = Batcher(name, batch_fn, max_batch)
+        self._batchers.append(batcher)
+        return batcher
+
+    def shutdown(self) -> None:
+        for batcher in self._batchers:
+            batcher.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+class _Pending:
+    __slots__ = ("item", "future", "loop")
+
+    def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
+        self.item = item
+        self.future = future
+        self.loop = loop
+
+
+class Batcher(Generic[Item, Result]):
+    """A shared executor that batches ready work from many sessions into one call.
+
+    `batch_fn` returns one result per item, in order; an exception object in place of a result
+    fails that item alone. If `batch_fn` itself raises, every item of that batch fails with it.
+    """
+
+    def __init__(self, name: str, batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]], max_batch: int):
+        self.name = name
+        self._batch_fn = batch_fn
+        self._max_batch = max_batch
+        self._queue: list[tuple[int, int, _Pending]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self.batches_run = 0
+        self.items_run = 0
+        self._thread = threading.Thread(target=self._work, name=f"batcher-{name}", daemon=True)
+        self._thread.start()
+
+    async def submit(self, item: Item, priority: int = PRIORITY_REALTIME) -> Result:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError(f"executor {self.name!r} is closed")
+            heapq.heappush(self._queue, (priority, next(self._order), _Pending(item, future, loop)))
+            self._ready.notify()
+        # If the caller is cancelled before the batch runs, the worker skips the item.
+        return await future
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def _take_batch(self) -> list[_Pending] | None:
+        with self._ready:
+            while not self._queue and not self._closed:
+                self._ready.wait()
+            if self._closed and not self._queue:
+                return None
+            batch: list[_Pending] = []
+            while self._queue and len(batch) < self._max_batch:
+                _, _, pending = heapq.heappop(self._queue)
+                if not pending.future.done():  # cancelled callers drop out here
+                    batch.append(pending)
+            return batch
+
+    def _work(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            if not batch:
+                continue
+            try:
+                results: Sequence[Any] = self._batch_fn([p.item for p in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"executor {self.name!r} returned {len(results)} results for {len(batch)} items")
+            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting session
+                results = [exc] * len(batch)
+            self.batches_run += 1
+            self.items_run += len(batch)
+            for pending, result in zip(batch, results):
+                pending.loop.call_soon_threadsafe(_settle, pending.future, result)
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
