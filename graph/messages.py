@@ -28,24 +28,24 @@ class Message(msgspec.Struct, kw_only=True):
 # --------------------------------------------------------------------------- input side
 
 
-class AudioChunk(Message):
+class AudioChunk(Message, kw_only=True):
     """Input audio as it arrives from the client (float32 mono in [-1, 1])."""
 
     samples: np.ndarray
     sample_rate: int
 
 
-class ImageFrame(Message):
+class ImageFrame(Message, kw_only=True):
     """A camera frame (encoded JPEG/PNG bytes) at `media_ms` on the input audio timeline."""
 
     image: bytes
 
 
-class SpeechStarted(Message):
+class SpeechStarted(Message, kw_only=True):
     audio_start_ms: float
 
 
-class SpeechStopped(Message):
+class SpeechStopped(Message, kw_only=True):
     audio_end_ms: float
 
 
@@ -62,7 +62,7 @@ class ReplyParams(msgspec.Struct, kw_only=True):
     sampling: dict[str, Any] = {}
 
 
-class Turn(Message):
+class Turn(Message, kw_only=True):
     """One unit of conversation for the model: a user utterance, a text item, or a reply request.
 
     `audio` is 16 kHz float32 mono. `reply` set means: answer now, over everything the
@@ -84,7 +84,7 @@ class Turn(Message):
 # --------------------------------------------------------------------------- model side
 
 
-class Features(Message):
+class Features(Message, kw_only=True):
     """Model inputs for one turn (token ids, audio features, image pixels)."""
 
     item_id: str = ""
@@ -93,14 +93,14 @@ class Features(Message):
     meta: dict[str, Any] = {}
 
 
-class Embeddings(Message):
+class Embeddings(Message, kw_only=True):
     item_id: str = ""
     tensors: dict[str, Any] = {}
     reply: ReplyParams | None = None
     meta: dict[str, Any] = {}
 
 
-class TextDelta(Message):
+class TextDelta(Message, kw_only=True):
     """Reply text as it is generated. `token_ids` are the thinker tokens behind `text`."""
 
     response_id: str = ""
@@ -108,7 +108,7 @@ class TextDelta(Message):
     token_ids: tuple[int, ...] = ()
 
 
-class HiddenChunk(Message):
+class HiddenChunk(Message, kw_only=True):
     """Thinker output the talker needs for one or more reply tokens."""
 
     response_id: str = ""
@@ -117,7 +117,7 @@ class HiddenChunk(Message):
     final: bool = False
 
 
-class CodecFrames(Message):
+class CodecFrames(Message, kw_only=True):
     """Codec frames (shape [frames, code_groups], int) from the talker."""
 
     response_id: str = ""
@@ -125,7 +125,7 @@ class CodecFrames(Message):
     final: bool = False
 
 
-class AudioOut(Message):
+class AudioOut(Message, kw_only=True):
     """Reply audio, float32 mono."""
 
     response_id: str = ""
@@ -148,7 +148,7 @@ class Usage(msgspec.Struct, kw_only=True):
         return self.input_tokens + self.output_tokens
 
 
-class TurnDone(Message):
+class TurnDone(Message, kw_only=True):
     """End of a reply. status: completed | cancelled | failed | incomplete."""
 
     response_id: str = ""
@@ -158,7 +158,7 @@ class TurnDone(Message):
     transcript: str = ""
 
 
-class NodeEvent(Message):
+class NodeEvent(Message, kw_only=True):
     """A node's notice for the transport (e.g. dialog: `committed`, `cleared`, an input error).
 
     `kind` names the event; `fields` carries its payload. The protocol layer maps these onto its
@@ -172,18 +172,18 @@ class NodeEvent(Message):
 # --------------------------------------------------------------------------- controls
 
 
-class Control(Message):
+class Control(Message, kw_only=True):
     """Base of the messages that overtake data."""
 
 
-class Interrupt(Control):
+class Interrupt(Control, kw_only=True):
     """Stop the reply of `turn_id` now (barge-in, response.cancel)."""
 
     response_id: str = ""
     reason: str = "interrupted"
 
 
-class Truncate(Control):
+class Truncate(Control, kw_only=True):
     """The listener heard only `audio_end_ms` of the reply of `turn_id`; forget the rest."""
 
     response_id: str = ""
@@ -191,11 +191,11 @@ class Truncate(Control):
     audio_end_ms: float = 0.0
 
 
-class Close(Control):
+class Close(Control, kw_only=True):
     reason: str = "closed"
 
 
-class Command(Message):
+class Command(Message, kw_only=True):
     """A transport's instruction to a node (`commit`, `clear`, `configure`, `create_response`...).
 
     Commands are data, not controls: they travel the input path in order with the audio, so a

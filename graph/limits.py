@@ -1,0 +1,53 @@
+"""Bounds on what sessions may hold. Each says what a client sees when it is hit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    # Live sessions at once. The next one is refused with error `session_limit_reached` and
+    # closed; existing sessions are unaffected. When `kv_tokens` and `max_seq_len` are both set,
+    # the effective cap is min(max_sessions, kv_tokens // max_seq_len): every session may grow
+    # to max_seq_len tokens of KV, so admission never leads to an out-of-memory later.
+    max_sessions: int = 8
+    kv_tokens: int | None = None
+    max_seq_len: int | None = None
+    # Stateless speech requests in flight at once (they hold no KV across requests). Past it,
+    # a speech request gets 503 with code `speech_capacity_reached`.
+    max_speech_sessions: int = 32
+    # Messages queued on one edge between two nodes. A full edge makes the producer wait
+    # (backpressure). Cost: capacity x message size per edge per session.
+    edge_capacity: int = 64
+    # Messages queued for the transport. A client that stops reading fills this, then its own
+    # graph stalls (never another session); the transport closes it with reason
+    # `output_buffer_full` (see the transport's own send bound).
+    output_capacity: int = 512
+    # A session with no client input for this long is closed with reason `idle_timeout`.
+    idle_timeout_s: float = 600.0
+    # A session older than this is closed with reason `max_duration_reached`.
+    max_session_s: float = 3600.0
+    # On SIGTERM, in-flight replies get this long to finish before sessions are closed with
+    # reason `server_shutdown`.
+    shutdown_grace_s: float = 10.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SessionLimits:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown limit {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        limits = cls(**values)
+        for f in fields(cls):
+            value = getattr(limits, f.name)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{f.name} must be a positive number, got {value!r}")
+        return limits
+
+    @property
+    def effective_max_sessions(self) -> int:
+        if self.kv_tokens and self.max_seq_len:
+            return max(0, min(self.max_sessions, self.kv_tokens // self.max_seq_len))
+        return self.max_sessions

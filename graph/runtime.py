@@ -1,0 +1,170 @@
+"""The loaded graph: resources and nodes built once, a `GraphSession` per live session.
+
+Startup (`start`) imports the node modules a profile names, validates the spec, builds shared
+resources (loaded models) in a worker thread, starts every node (load + warm-up), and only then
+reports ready. Each stage is logged with its duration, so someone waiting on a large checkpoint
+sees progress.
+
+Admission: live (`realtime`) sessions are capped by `limits.effective_max_sessions`; stateless
+speech requests (`speech`) by `limits.max_speech_sessions`. Past either, `open_session` raises
+`SessionRejected` and nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from graph import registry
+from graph.errors import SessionRejected
+from graph.executor import ComputePool
+from graph.metrics import GraphMetrics
+from graph.node import Node, NodeContext, SessionInfo
+from graph.session import GraphSession, Wiring
+from graph.spec import GraphSpec, parse_spec, validate_spec
+
+log = logging.getLogger("graph.runtime")
+
+SESSION_KINDS = ("realtime", "speech")
+
+
+class GraphRuntime:
+    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, compute_threads: int = 4):
+        self.spec = spec
+        self.limits = spec.limits
+        self.metrics = metrics or GraphMetrics()
+        self.compute = ComputePool(compute_threads)
+        self.resources: dict[str, Any] = {}
+        self.nodes: dict[str, Node] = {}
+        self.sessions: dict[str, GraphSession] = {}
+        self.ready = False
+        self.shutting_down = False
+        self._wiring: Wiring | None = None
+        self._reaper: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None) -> GraphRuntime:
+        """Parse a profile and validate it fully (types, streams, cycles) before anything loads."""
+        spec = parse_spec(profile)
+        registry.import_modules(spec.imports)
+        validate_spec(spec)
+        return cls(spec, metrics)
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    async def start(self) -> None:
+        for name, resource in self.spec.resources.items():
+            factory = registry.resource_factory(resource.type)
+            assert factory is not None  # validated
+            with _stage(f"resource {name} ({resource.type})"):
+                self.resources[name] = await self.compute.run(factory, resource.params)
+        context = NodeContext(self.resources, self.compute)
+        for name, node_spec in self.spec.nodes.items():
+            cls = registry.node_class(node_spec.type)
+            assert cls is not None  # validated
+            with _stage(f"node {name} ({node_spec.type})"):
+                node = cls(name, node_spec.params, context)
+                await node.start()
+            self.nodes[name] = node
+        self._wiring = Wiring.from_spec(self.spec)
+        self._reaper = asyncio.create_task(self._reap_expired_sessions(), name="session-reaper")
+        self.ready = True
+
+    def capacity(self, kind: str) -> int:
+        return self.limits.effective_max_sessions if kind == "realtime" else self.limits.max_speech_sessions
+
+    def count(self, kind: str) -> int:
+        return sum(1 for session in self.sessions.values() if session.kind == kind)
+
+    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None) -> GraphSession:
+        if kind not in SESSION_KINDS:
+            raise ValueError(f"unknown session kind {kind!r}")
+        if self.shutting_down:
+            raise SessionRejected("server_shutting_down", "The server is shutting down and accepts no new sessions.")
+        if not self.ready or self._wiring is None:
+            raise SessionRejected("server_not_ready", "The server is still loading the model.")
+        if session_id in self.sessions:
+            raise SessionRejected("session_exists", f"Session {session_id!r} already exists.")
+        if self.count(kind) >= self.capacity(kind):
+            if kind == "realtime":
+                raise SessionRejected(
+                    "session_limit_reached",
+                    f"The server already runs its maximum of {self.capacity(kind)} concurrent sessions; try again later.",
+                )
+            raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
+        session = GraphSession(
+            SessionInfo(session_id, kind, config),
+            self.nodes,
+            self._wiring,
+            self.limits.edge_capacity,
+            self.limits.output_capacity,
+            self.metrics,
+            on_closed=self._forget,
+        )
+        # Registered before any await so a concurrent open sees the slot as taken.
+        self.sessions[session_id] = session
+        try:
+            await session.start()
+        except BaseException:
+            self.sessions.pop(session_id, None)
+            raise
+        self.metrics.session_started(kind)
+        return session
+
+    def _forget(self, session: GraphSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+            self.metrics.session_ended(session.kind, _reason_label(session.end_reason))
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Stop admitting sessions, let open replies finish (up to the grace period), close the rest."""
+        self.shutting_down = True
+        grace = self.limits.shutdown_grace_s if grace_s is None else grace_s
+        sessions = list(self.sessions.values())
+        if sessions:
+            log.info("draining %d sessions (grace %.1fs)", len(sessions), grace)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(s.wait_replies_done() for s in sessions)), grace)
+        await asyncio.gather(*(s.close("server_shutdown") for s in list(self.sessions.values())))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.drain(grace_s)
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for node in self.nodes.values():
+            try:
+                await node.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                log.exception("stopping node %s failed", node.name)
+        self.compute.shutdown()
+        self.ready = False
+
+    async def _reap_expired_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if now - session.started_at > self.limits.max_session_s:
+                    await session.close("max_duration_reached")
+                elif now - session.last_input_at > self.limits.idle_timeout_s and session.open_replies == 0:
+                    await session.close("idle_timeout")
+
+
+def _reason_label(reason: str | None) -> str:
+    # Keeps metric label cardinality bounded: "error: internal_error" -> "error".
+    return (reason or "closed").split(":", 1)[0]
+
+
+@contextlib.contextmanager
+def _stage(what: str):
+    log.info("loading %s ...", what)
+    started = time.perf_counter()
+    yield
+    log.info("loaded %s in %.2fs", what, time.perf_counter() - started)

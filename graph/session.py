@@ -1,0 +1,250 @@
+"""One live instance of the graph for one session.
+
+Each node gets a `NodeSession` and one task that takes messages from its bounded inbox in order.
+Data flows one way along the spec's edges; what reaches a declared output lands in the session's
+output inbox, which the transport reads with `outputs()`.
+
+Controls overtake data: `control()` first purges the cancelled turn's queued data from every
+edge, then hands the control to every node session synchronously, so an interrupt takes effect
+before any message queued ahead of it is handled.
+
+Failure isolation: an exception in one node ends this session only, with `error` set to a
+(code, message) the transport can report; other sessions and the server keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from graph.edges import Inbox, InboxClosed
+from graph.errors import NodeFailure
+from graph.messages import Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
+from graph.metrics import GraphMetrics
+from graph.node import Node, NodeSession, SessionInfo
+from graph.spec import GraphSpec, Port
+
+log = logging.getLogger("graph.session")
+
+# Messages that report on a turn are never purged by an interrupt: the client must still learn
+# how the turn ended.
+_NEVER_PURGED = (TurnDone, NodeEvent)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The spec's edges resolved once at startup, shared by every session."""
+
+    routes: dict[tuple[str, str], tuple[Port, ...]]
+    outputs: frozenset[tuple[str, str]]
+    inputs: dict[str, Port]
+
+    @classmethod
+    def from_spec(cls, spec: GraphSpec) -> Wiring:
+        routes: dict[tuple[str, str], list[Port]] = {}
+        for edge in spec.edges:
+            routes.setdefault((edge.source.node, edge.source.stream), []).append(edge.target)
+        return cls(
+            routes={key: tuple(targets) for key, targets in routes.items()},
+            outputs=frozenset((port.node, port.stream) for port in spec.outputs),
+            inputs=dict(spec.inputs),
+        )
+
+
+class GraphSession:
+    def __init__(
+        self,
+        info: SessionInfo,
+        nodes: dict[str, Node],
+        wiring: Wiring,
+        edge_capacity: int,
+        output_capacity: int,
+        metrics: GraphMetrics,
+        on_closed: Callable[[GraphSession], None] = lambda session: None,
+    ):
+        self.info = info
+        self.id = info.session_id
+        self.kind = info.kind
+        self._nodes = nodes
+        self._wiring = wiring
+        self._metrics = metrics
+        self._on_closed = on_closed
+        self._inboxes: dict[str, Inbox[tuple[str, Message]]] = {name: Inbox(edge_capacity) for name in nodes}
+        self._output: Inbox[Message] = Inbox(output_capacity)
+        self._node_sessions: dict[str, NodeSession] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.ended = asyncio.Event()
+        self.end_reason: str | None = None
+        self.error: tuple[str, str] | None = None
+        self.started_at = time.monotonic()
+        self.last_input_at = self.started_at
+        # Replies asked for and not yet finished (a Turn carrying `reply` entered the graph and
+        # its TurnDone has not been emitted yet). Shutdown waits for this to reach zero.
+        self.open_replies = 0
+        self.turns = 0
+        self._replies_done = asyncio.Event()
+        self._replies_done.set()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    async def start(self) -> None:
+        try:
+            for name, node in self._nodes.items():
+                self._node_sessions[name] = node.open_session(self.info)
+        except BaseException:
+            await self._close_node_sessions()
+            raise
+        for name in self._nodes:
+            self._tasks.append(asyncio.create_task(self._run_node(name), name=f"{self.id}:{name}"))
+
+    # ------------------------------------------------------------------ transport side
+
+    async def send(self, input_name: str, message: Message) -> None:
+        """Put a message into a graph input. Waits while that input's edge is full."""
+        port = self._wiring.inputs.get(input_name)
+        if port is None:
+            raise KeyError(f"graph has no input {input_name!r}")
+        if self._closing:
+            raise RuntimeError(f"session {self.id} is closed")
+        self.last_input_at = time.monotonic()
+        message.session_id = self.id
+        self._count_reply_request(message)
+        try:
+            await self._inboxes[port.node].put((port.stream, message))
+        except InboxClosed:
+            raise RuntimeError(f"session {self.id} is closed") from None
+
+    def control(self, control: Control) -> None:
+        """Deliver a control to every node now, ahead of queued data."""
+        if self._closing:
+            return
+        control.session_id = self.id
+        if isinstance(control, Interrupt):
+            dropped = sum(inbox.purge(lambda item: _belongs_to(item[1], control)) for inbox in self._inboxes.values())
+            dropped += self._output.purge(lambda message: _belongs_to(message, control))
+            if dropped:
+                log.debug("session %s: interrupt dropped %d queued messages", self.id, dropped)
+        for name, node_session in self._node_sessions.items():
+            try:
+                node_session.on_control(control)
+            except Exception as exc:  # noqa: BLE001 - one session's node must not take others down
+                self._fail(name, exc)
+                return
+        if isinstance(control, Close):
+            asyncio.get_running_loop().create_task(self.close(control.reason))
+
+    async def outputs(self) -> AsyncIterator[Message]:
+        """Messages from the graph's outputs, in order; ends once the session has ended."""
+        while True:
+            try:
+                yield await self._output.get()
+            except InboxClosed:
+                return
+
+    def output_backlog(self) -> int:
+        return len(self._output)
+
+    async def wait_replies_done(self) -> None:
+        await self._replies_done.wait()
+
+    async def close(self, reason: str = "closed") -> None:
+        """End the session and free everything its nodes hold. Idempotent."""
+        if self._closing:
+            await self.ended.wait()
+            return
+        self._closing = True
+        self.end_reason = reason
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        await self._close_node_sessions()
+        for inbox in self._inboxes.values():
+            inbox.close()
+        self._output.close()
+        self._replies_done.set()
+        self.ended.set()
+        self._on_closed(self)
+
+    # ------------------------------------------------------------------ node side
+
+    async def _run_node(self, name: str) -> None:
+        inbox = self._inboxes[name]
+        node_session = self._node_sessions[name]
+        emit = self._emitter(name)
+        try:
+            while True:
+                try:
+                    stream, message = await inbox.get()
+                except InboxClosed:
+                    return
+                started = time.perf_counter()
+                await node_session.on_message(stream, message, emit)
+                self._metrics.node_step(name, time.perf_counter() - started)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - isolate the failure to this session
+            self._fail(name, exc)
+
+    def _emitter(self, name: str):
+        declared = self._nodes[name].outputs
+        routes = self._wiring.routes
+        outputs = self._wiring.outputs
+
+        async def emit(stream: str, message: Message) -> None:
+            if stream not in declared:
+                raise ValueError(f"node {name!r} emitted on undeclared stream {stream!r}")
+            message.session_id = self.id
+            self._count_reply_request(message)
+            for target in routes.get((name, stream), ()):
+                await self._inboxes[target.node].put((target.stream, message))
+            if (name, stream) in outputs:
+                if isinstance(message, TurnDone):
+                    self._count_reply_done()
+                await self._output.put(message)
+
+        return emit
+
+    def _count_reply_request(self, message: Message) -> None:
+        if isinstance(message, Turn) and message.reply is not None:
+            self.open_replies += 1
+            self.turns += 1
+            self._replies_done.clear()
+
+    def _count_reply_done(self) -> None:
+        self.open_replies = max(0, self.open_replies - 1)
+        if self.open_replies == 0:
+            self._replies_done.set()
+
+    def _fail(self, node: str, exc: Exception) -> None:
+        if self._closing:
+            return
+        if isinstance(exc, NodeFailure):
+            self.error = (exc.code, exc.message)
+        else:
+            log.exception("session %s: node %r failed", self.id, node, exc_info=exc)
+            self.error = ("internal_error", f"node {node!r} failed: {type(exc).__name__}: {exc}")
+        asyncio.get_running_loop().create_task(self.close(f"error: {self.error[0]}"))
+
+    async def _close_node_sessions(self) -> None:
+        for name, node_session in self._node_sessions.items():
+            try:
+                await node_session.close()
+            except Exception:  # noqa: BLE001 - keep freeing the others
+                log.exception("session %s: closing node %r failed", self.id, name)
+        self._node_sessions.clear()
+
+
+def _belongs_to(message: Message, interrupt: Interrupt) -> bool:
+    if isinstance(message, _NEVER_PURGED):
+        return False
+    if interrupt.turn_id >= 0 and message.turn_id == interrupt.turn_id:
+        return True
+    return bool(interrupt.response_id) and getattr(message, "response_id", None) == interrupt.response_id

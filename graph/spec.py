@@ -1,0 +1,229 @@
+"""The graph spec: a YAML profile parsed and validated before the server opens its port.
+
+Layout of a profile:
+
+    model_id: qwen3-omni-tiny
+    imports: [nodes.vad, nodes.dialog, ...]          # modules that register node/resource types
+    resources:                                       # shared objects built once (loaded models)
+      omni: {type: qwen3_omni.model, params: {...}}
+    nodes:
+      vad: {type: silero_vad, params: {...}}
+    edges:
+      - vad.events -> dialog.events
+    inputs: {audio: vad.audio}                       # where transports send messages in
+    outputs: [dialog.events, thinker.text]           # what transports receive
+    limits: {max_sessions: 8}
+
+Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
+with one clear line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph import registry
+from graph.limits import SessionLimits
+from graph.messages import Message
+
+
+class GraphConfigError(ValueError):
+    """A profile that cannot run. The message starts with the key at fault."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Port:
+    node: str
+    stream: str
+
+    def __str__(self) -> str:
+        return f"{self.node}.{self.stream}"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    type: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    name: str
+    type: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    source: Port
+    target: Port
+
+
+@dataclass
+class GraphSpec:
+    model_id: str
+    imports: list[str]
+    resources: dict[str, ResourceSpec]
+    nodes: dict[str, NodeSpec]
+    edges: list[EdgeSpec]
+    inputs: dict[str, Port]
+    outputs: list[Port]
+    limits: SessionLimits
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits"}
+
+
+def parse_spec(profile: dict[str, Any]) -> GraphSpec:
+    """Structural parse: shapes and names. Types are checked by `validate_spec`."""
+    if not isinstance(profile, dict):
+        raise GraphConfigError("<profile>", "must be a mapping")
+    model_id = profile.get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        raise GraphConfigError("model_id", "must be a non-empty string")
+
+    imports = profile.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise GraphConfigError("imports", "must be a list of module names")
+
+    resources = {}
+    for name, entry in _mapping(profile.get("resources", {}), "resources").items():
+        resources[name] = ResourceSpec(name, _type_of(entry, f"resources.{name}"), _params_of(entry, f"resources.{name}"))
+
+    nodes = {}
+    for name, entry in _mapping(profile.get("nodes"), "nodes").items():
+        if "." in name:
+            raise GraphConfigError(f"nodes.{name}", "node names cannot contain '.'")
+        nodes[name] = NodeSpec(name, _type_of(entry, f"nodes.{name}"), _params_of(entry, f"nodes.{name}"))
+    if not nodes:
+        raise GraphConfigError("nodes", "a graph needs at least one node")
+
+    edges = []
+    raw_edges = profile.get("edges", [])
+    if not isinstance(raw_edges, list):
+        raise GraphConfigError("edges", "must be a list of 'node.stream -> node.stream'")
+    for i, raw in enumerate(raw_edges):
+        key = f"edges[{i}]"
+        if not isinstance(raw, str) or raw.count("->") != 1:
+            raise GraphConfigError(key, f"{raw!r} is not of the form 'node.stream -> node.stream'")
+        left, right = (part.strip() for part in raw.split("->"))
+        edges.append(EdgeSpec(_port(left, key), _port(right, key)))
+
+    inputs = {name: _port(value, f"inputs.{name}") for name, value in _mapping(profile.get("inputs", {}), "inputs").items()}
+    raw_outputs = profile.get("outputs", [])
+    if not isinstance(raw_outputs, list):
+        raise GraphConfigError("outputs", "must be a list of 'node.stream'")
+    outputs = [_port(value, f"outputs[{i}]") for i, value in enumerate(raw_outputs)]
+
+    limits_raw = _mapping(profile.get("limits", {}), "limits")
+    try:
+        limits = SessionLimits.from_dict(limits_raw)
+    except (TypeError, ValueError) as exc:
+        raise GraphConfigError("limits", str(exc)) from None
+
+    extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
+    return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra)
+
+
+def validate_spec(spec: GraphSpec) -> None:
+    """Check node types, streams, stream types and cycles. Call after `registry.import_modules`."""
+    classes = {}
+    for name, node in spec.nodes.items():
+        cls = registry.node_class(node.type)
+        if cls is None:
+            known = ", ".join(registry.node_types()) or "none"
+            raise GraphConfigError(f"nodes.{name}.type", f"unknown node type {node.type!r} (known: {known})")
+        classes[name] = cls
+    for name, resource in spec.resources.items():
+        if registry.resource_factory(resource.type) is None:
+            raise GraphConfigError(f"resources.{name}.type", f"unknown resource type {resource.type!r}")
+
+    def stream_types(port: Port, key: str, direction: str) -> tuple[type[Message], ...]:
+        if port.node not in classes:
+            raise GraphConfigError(key, f"{port} names a missing node {port.node!r}")
+        streams = getattr(classes[port.node], direction)
+        if port.stream not in streams:
+            known = ", ".join(sorted(streams)) or "none"
+            raise GraphConfigError(key, f"node {port.node!r} has no {direction[:-1]} stream {port.stream!r} (its {direction}: {known})")
+        return streams[port.stream]
+
+    for i, edge in enumerate(spec.edges):
+        key = f"edges[{i}]"
+        produced = stream_types(edge.source, key, "outputs")
+        accepted = stream_types(edge.target, key, "inputs")
+        for message_type in produced:
+            if not issubclass(message_type, accepted):
+                raise GraphConfigError(
+                    key,
+                    f"{edge.source} may carry {message_type.__name__}, which {edge.target} does not accept "
+                    f"(it accepts {', '.join(t.__name__ for t in accepted)})",
+                )
+    for name, port in spec.inputs.items():
+        stream_types(port, f"inputs.{name}", "inputs")
+    for i, port in enumerate(spec.outputs):
+        stream_types(port, f"outputs[{i}]", "outputs")
+
+    _reject_cycles(spec)
+
+
+def _reject_cycles(spec: GraphSpec) -> None:
+    successors: dict[str, list[tuple[str, int]]] = {name: [] for name in spec.nodes}
+    for i, edge in enumerate(spec.edges):
+        successors[edge.source.node].append((edge.target.node, i))
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(spec.nodes, WHITE)
+
+    def visit(node: str, path: list[str]) -> None:
+        colour[node] = GREY
+        for successor, edge_index in successors[node]:
+            if colour[successor] == GREY:
+                loop = " -> ".join([*path[path.index(successor):], successor]) if successor in path else f"{node} -> {successor}"
+                raise GraphConfigError(f"edges[{edge_index}]", f"data edges form a cycle ({loop})")
+            if colour[successor] == WHITE:
+                visit(successor, [*path, successor])
+        colour[node] = BLACK
+
+    for name in spec.nodes:
+        if colour[name] == WHITE:
+            visit(name, [name])
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if value is None:
+        raise GraphConfigError(key, "is required")
+    if not isinstance(value, dict):
+        raise GraphConfigError(key, "must be a mapping")
+    return value
+
+
+def _type_of(entry: Any, key: str) -> str:
+    if not isinstance(entry, dict):
+        raise GraphConfigError(key, "must be a mapping with a `type`")
+    node_type = entry.get("type")
+    if not isinstance(node_type, str) or not node_type:
+        raise GraphConfigError(f"{key}.type", "is required")
+    unknown = set(entry) - {"type", "params"}
+    if unknown:
+        raise GraphConfigError(f"{key}.{sorted(unknown)[0]}", "unknown key (expected `type` and `params`)")
+    return node_type
+
+
+def _params_of(entry: dict[str, Any], key: str) -> dict[str, Any]:
+    params = entry.get("params") or {}
+    if not isinstance(params, dict):
+        raise GraphConfigError(f"{key}.params", "must be a mapping")
+    return params
+
+
+def _port(text: Any, key: str) -> Port:
+    if not isinstance(text, str) or text.count(".") != 1 or not all(text.split(".")):
+        raise GraphConfigError(key, f"{text!r} is not of the form 'node.stream'")
+    node, stream = text.split(".")
+    return Port(node.strip(), stream.strip())

@@ -1,0 +1,129 @@
+"""Small fake nodes that exercise the runtime without any model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+
+from graph.messages import AudioChunk, Control, Interrupt, Message, TextDelta, Turn, TurnDone
+from graph.node import Node, NodeSession
+from graph.registry import register_node
+
+
+@register_node("test.relay")
+class Relay(Node):
+    """Forwards audio chunks; records every session it opened and closed."""
+
+    inputs = {"audio": (AudioChunk,)}
+    outputs = {"audio": (AudioChunk,)}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.opened: list[str] = []
+        self.closed: list[str] = []
+
+    def open_session(self, session):
+        self.opened.append(session.session_id)
+        node = self
+
+        class State(NodeSession):
+            async def on_message(self, stream, message, emit):
+                await emit("audio", message)
+
+            async def close(self):
+                node.closed.append(self.session.session_id)
+
+        return State(self, session)
+
+
+@register_node("test.sink")
+class Sink(Node):
+    """Takes audio; `params.delay_s` makes it a slow consumer; `params.fail_on` makes it raise."""
+
+    inputs = {"audio": (AudioChunk,)}
+    outputs = {"text": (TextDelta, TurnDone)}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: dict[str, list[float]] = {}
+        self.controls: dict[str, list[Control]] = {}
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def open_session(self, session):
+        node = self
+        seen = self.seen.setdefault(session.session_id, [])
+        controls = self.controls.setdefault(session.session_id, [])
+
+        class State(NodeSession):
+            async def on_message(self, stream, message, emit):
+                await node.gate.wait()
+                if node.params.get("delay_s"):
+                    await asyncio.sleep(node.params["delay_s"])
+                if node.params.get("fail_on") == message.media_ms:
+                    raise RuntimeError("boom")
+                seen.append(message.media_ms)
+                await emit("text", TextDelta(turn_id=message.turn_id, text=f"{message.media_ms:g}"))
+
+            def on_control(self, control):
+                controls.append(control)
+
+        return State(self, session)
+
+
+@register_node("test.compute")
+class ComputeNode(Node):
+    """Runs a blocking 'model step' through the compute pool and reports which thread ran it."""
+
+    inputs = {"turns": (Turn,)}
+    outputs = {"done": (TurnDone,)}
+
+    def open_session(self, session):
+        node = self
+
+        class State(NodeSession):
+            async def on_message(self, stream, message, emit):
+                def step():
+                    # Blocks its thread for a while, like a forward pass would.
+                    threading.Event().wait(0.2)
+                    return threading.current_thread().name
+
+                thread_name = await node.context.compute.run(step)
+                await emit("done", TurnDone(turn_id=message.turn_id, reason=thread_name))
+
+        return State(self, session)
+
+
+@register_node("test.text_source")
+class TextSource(Node):
+    """Emits text but accepts only turns: used to prove stream type checks."""
+
+    inputs = {"turns": (Turn,)}
+    outputs = {"text": (TextDelta,)}
+
+    def open_session(self, session):
+        return NodeSession(self, session)
+
+
+def chunk(ms: float, turn_id: int = -1) -> Message:
+    return AudioChunk(samples=np.zeros(160, dtype=np.float32), sample_rate=16000, media_ms=ms, turn_id=turn_id)
+
+
+def relay_sink_profile(**sink_params) -> dict:
+    return {
+        "model_id": "test-model",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {
+            "relay": {"type": "test.relay"},
+            "sink": {"type": "test.sink", "params": sink_params},
+        },
+        "edges": ["relay.audio -> sink.audio"],
+        "inputs": {"audio": "relay.audio"},
+        "outputs": ["sink.text"],
+        "limits": {"max_sessions": 4, "edge_capacity": 4, "output_capacity": 4},
+    }
+
+
+__all__ = ["Interrupt", "chunk", "relay_sink_profile"]

@@ -1,0 +1,209 @@
+"""The per-session runtime: instances, backpressure, controls, failure isolation, compute off-loop."""
+
+import asyncio
+import time
+
+import pytest
+
+from graph.errors import SessionRejected
+from graph.messages import Close, Interrupt, TextDelta, Turn, TurnDone, ReplyParams
+from graph.runtime import GraphRuntime
+from tests.graph.fakes import chunk, relay_sink_profile
+
+
+async def started(profile) -> GraphRuntime:
+    runtime = GraphRuntime.from_config(profile)
+    await runtime.start()
+    return runtime
+
+
+async def take(session, n, timeout=5.0):
+    out = []
+    iterator = session.outputs()
+    async with asyncio.timeout(timeout):
+        async for message in iterator:
+            out.append(message)
+            if len(out) == n:
+                break
+    return out
+
+
+async def test_each_session_gets_its_own_graph_instance_created_and_torn_down_with_it():
+    runtime = await started(relay_sink_profile())
+    try:
+        a = await runtime.open_session("a")
+        b = await runtime.open_session("b")
+        await a.send("audio", chunk(1))
+        await b.send("audio", chunk(2))
+        assert [m.text for m in await take(a, 1)] == ["1"]
+        assert [m.text for m in await take(b, 1)] == ["2"]
+        relay = runtime.nodes["relay"]
+        assert relay.opened == ["a", "b"]
+        await a.close("client_closed")
+        assert relay.closed == ["a"]
+        assert "a" not in runtime.sessions and "b" in runtime.sessions
+        assert a.end_reason == "client_closed"
+    finally:
+        await runtime.stop(0)
+    assert relay.closed == ["a", "b"]
+
+
+async def test_a_slow_consumer_applies_backpressure_instead_of_growing_queues():
+    runtime = await started(relay_sink_profile())
+    try:
+        session = await runtime.open_session("s")
+        sink = runtime.nodes["sink"]
+        sink.gate.clear()  # the consumer stops consuming
+        sent = 0
+
+        async def producer():
+            nonlocal sent
+            for i in range(100):
+                await session.send("audio", chunk(i))
+                sent += 1
+
+        task = asyncio.create_task(producer())
+        await asyncio.sleep(0.2)
+        # relay inbox (4) + sink inbox (4) + one message held by each node task: nothing more.
+        assert sent <= 4 + 4 + 2
+        assert not task.done()
+        assert all(len(inbox) <= 4 for inbox in session._inboxes.values())
+        sink.gate.set()
+        received = await take(session, 100)
+        await task
+        assert [m.text for m in received] == [str(i) for i in range(100)]
+    finally:
+        await runtime.stop(0)
+
+
+async def test_an_interrupt_overtakes_100_queued_chunks_and_drops_that_turns_data():
+    profile = relay_sink_profile()
+    profile["limits"]["edge_capacity"] = 200
+    profile["limits"]["output_capacity"] = 200
+    runtime = await started(profile)
+    try:
+        session = await runtime.open_session("s")
+        sink = runtime.nodes["sink"]
+        sink.gate.clear()
+        for i in range(100):
+            await session.send("audio", chunk(i, turn_id=7))
+        await session.send("audio", chunk(1000, turn_id=8))
+        await asyncio.sleep(0.05)
+        session.control(Interrupt(turn_id=7))
+        # The control reached the node before any of the 100 chunks was handled.
+        assert [type(c) for c in sink.controls["s"]] == [Interrupt]
+        assert sink.seen["s"] == []
+        sink.gate.set()
+        received = await take(session, 2)
+        # Only the chunk the sink's task already held when the interrupt came (its in-flight
+        # step) is handled; the other 99 were dropped; the next turn's data is kept.
+        assert sink.seen["s"] == [0, 1000]
+        assert [m.text for m in received] == ["0", "1000"]
+    finally:
+        await runtime.stop(0)
+
+
+async def test_a_node_that_raises_ends_only_its_own_session_with_a_reason():
+    runtime = await started(relay_sink_profile(fail_on=13.0))
+    try:
+        doomed = await runtime.open_session("doomed")
+        healthy = await runtime.open_session("healthy")
+        await doomed.send("audio", chunk(13))
+        async with asyncio.timeout(5):
+            await doomed.ended.wait()
+        assert doomed.failed
+        code, message = doomed.error
+        assert code == "internal_error" and "boom" in message
+        assert doomed.end_reason == "error: internal_error"
+        await healthy.send("audio", chunk(1))
+        assert [m.text for m in await take(healthy, 1)] == ["1"]
+        assert not healthy.ended.is_set()
+        assert runtime.nodes["relay"].closed == ["doomed"]
+    finally:
+        await runtime.stop(0)
+
+
+async def test_sessions_past_the_limit_are_refused_without_touching_others():
+    runtime = await started(relay_sink_profile())
+    try:
+        sessions = [await runtime.open_session(f"s{i}") for i in range(4)]
+        with pytest.raises(SessionRejected) as refused:
+            await runtime.open_session("one-too-many")
+        assert refused.value.code == "session_limit_reached"
+        await sessions[0].send("audio", chunk(5))
+        assert [m.text for m in await take(sessions[0], 1)] == ["5"]
+        await sessions[1].close()
+        assert (await runtime.open_session("now-fits")).id == "now-fits"
+    finally:
+        await runtime.stop(0)
+
+
+async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
+    runtime = await started(relay_sink_profile())
+    try:
+        session = await runtime.open_session("s")
+        session.control(Close(reason="bye"))
+        async with asyncio.timeout(2):
+            await session.ended.wait()
+        assert session.end_reason == "bye"
+        await runtime.drain(0)
+        with pytest.raises(SessionRejected) as refused:
+            await runtime.open_session("late")
+        assert refused.value.code == "server_shutting_down"
+    finally:
+        await runtime.stop(0)
+
+
+async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
+    profile = {
+        "model_id": "m",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {"model": {"type": "test.compute"}},
+        "inputs": {"turns": "model.turns"},
+        "outputs": ["model.done"],
+    }
+    runtime = await started(profile)
+    try:
+        session = await runtime.open_session("s")
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        await session.send("turns", Turn(reply=ReplyParams()))
+        assert session.open_replies == 1
+        (done,) = await take(session, 1)
+        ticking.cancel()
+        assert isinstance(done, TurnDone)
+        assert done.reason.startswith("compute")  # ran on a compute thread, not the loop
+        assert ticks >= 5  # the loop ticked while the 0.2 s step ran
+        assert session.open_replies == 0
+    finally:
+        await runtime.stop(0)
+
+
+async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
+    profile = {
+        "model_id": "m",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {"model": {"type": "test.compute"}},
+        "inputs": {"turns": "model.turns"},
+        "outputs": ["model.done"],
+    }
+    runtime = await started(profile)
+    session = await runtime.open_session("s")
+    await session.send("turns", Turn(reply=ReplyParams()))
+    t0 = time.monotonic()
+    await runtime.stop(5)
+    assert session.end_reason == "server_shutdown"
+    assert time.monotonic() - t0 < 4  # it waited for the reply, not the whole grace period
+    outputs = [m async for m in session.outputs()]
+    assert [type(m) for m in outputs] == [TurnDone]
+
+
+def test_textdelta_is_in_the_vocabulary():
+    assert TextDelta(text="x").text == "x"
