@@ -114,12 +114,21 @@ class GraphRuntime:
             self.sessions.pop(session_id, None)
             raise
         self.metrics.session_started(kind)
+        log.info("session %s started (%s)", session_id, kind)
         return session
 
     def _forget(self, session: GraphSession) -> None:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.metrics.session_ended(session.kind, _reason_label(session.end_reason))
+            log.info(
+                "session %s ended (%s): duration %.1fs, turns %d, reason %s",
+                session.id,
+                session.kind,
+                time.monotonic() - session.started_at,
+                session.turns,
+                session.end_reason,
+            )
 
     async def drain(self, grace_s: float | None = None) -> None:
         """Stop admitting sessions, let open replies finish (up to the grace period), close the rest."""

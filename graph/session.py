@@ -150,6 +150,10 @@ class GraphSession:
     def output_backlog(self) -> int:
         return len(self._output)
 
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each node's inbox (for metrics)."""
+        return {name: len(inbox) for name, inbox in self._inboxes.items()}
+
     async def wait_replies_done(self) -> None:
         await self._replies_done.wait()
 

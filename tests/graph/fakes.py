@@ -9,7 +9,7 @@ import numpy as np
 
 from graph.messages import AudioChunk, Control, Interrupt, Message, TextDelta, Turn, TurnDone
 from graph.node import Node, NodeSession
-from graph.registry import register_node
+from graph.registry import register_node, register_resource
 
 
 @register_node("test.relay")
@@ -127,3 +127,12 @@ def relay_sink_profile(**sink_params) -> dict:
 
 
 __all__ = ["Interrupt", "chunk", "relay_sink_profile"]
+
+
+@register_resource("test.slow_resource")
+def slow_resource(params):
+    """Stands in for a checkpoint that takes a while to load (or fails to)."""
+    threading.Event().wait(params.get("delay_s", 0))
+    if params.get("path") == "/nonexistent":
+        raise FileNotFoundError("checkpoint directory /nonexistent does not exist")
+    return {"path": params.get("path")}

@@ -1,0 +1,97 @@
+"""The ASGI app: operations routes here, feature routes installed by their packages.
+
+The port opens before the model is loaded: `/health` answers 503 while the graph loads and
+warms up, then 200. The profile itself was validated before the port opened (see cli.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from session_server.auth import ApiKeyMiddleware
+from session_server.state import ServerState
+
+log = logging.getLogger("session_server")
+
+
+def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(_load(state, on_startup_failure))
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await state.runtime.stop(0 if not state.runtime.ready else None)
+
+    app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+    state.metrics.watch(lambda: state.runtime)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.startup_error:
+            return JSONResponse({"status": "failed", "error": state.startup_error}, status_code=503)
+        if state.shutting_down:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        if not state.runtime.ready:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": state.settings.model_id})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": state.settings.model_id, "object": "model", "created": int(_STARTED), "owned_by": "sgl-omni"}],
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    _install_features(app, state)
+    app.add_middleware(ApiKeyMiddleware, state=state)
+    return app
+
+
+_STARTED = time.time()
+
+
+def _install_features(app: FastAPI, state: ServerState) -> None:
+    import importlib.util
+
+    packages = ["session_server.speech"]
+    if state.settings.enable_realtime:
+        packages.append("session_server.realtime")
+    for package in packages:
+        if importlib.util.find_spec(package) is not None:
+            install = getattr(importlib.import_module(package), "install", None)
+            if install is not None:
+                install(app, state)
+
+
+async def _load(state: ServerState, on_failure: Callable[[], None] | None) -> None:
+    started = time.perf_counter()
+    try:
+        await state.runtime.start()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported once, clearly, then the server exits
+        state.startup_error = f"{type(exc).__name__}: {exc}"
+        log.error("startup failed: %s", state.startup_error)
+        if on_failure is not None:
+            on_failure()
+        return
+    log.info("ready in %.2fs: model %s", time.perf_counter() - started, state.settings.model_id)

@@ -1,0 +1,78 @@
+"""API-key checks: `Authorization: Bearer KEY` everywhere but /health.
+
+Browsers cannot set headers on a WebSocket, so the realtime socket also accepts the key as a
+subprotocol `openai-insecure-api-key.KEY` (offered next to `realtime`), as OpenAI's does.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from session_server.errors import openai_error_body
+from session_server.state import ServerState
+
+OPEN_PATHS = frozenset({"/health"})
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+
+
+def bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def subprotocols(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    offered: list[str] = []
+    for name, value in headers:
+        if name == b"sec-websocket-protocol":
+            offered.extend(p.strip() for p in value.decode("latin-1").split(",") if p.strip())
+    return offered
+
+
+def subprotocol_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for protocol in subprotocols(headers):
+        if protocol.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return protocol[len(KEY_SUBPROTOCOL_PREFIX):]
+    return None
+
+
+def request_key(scope: Scope) -> str | None:
+    headers = scope.get("headers", [])
+    key = bearer_key(headers)
+    if key is None and scope["type"] == "websocket":
+        key = subprotocol_key(headers)
+    return key
+
+
+_UNAUTHORIZED = openai_error_body(
+    "Incorrect or missing API key. Send `Authorization: Bearer <key>`.", "invalid_request_error", None, "invalid_api_key"
+)
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, state: ServerState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.state.key_is_valid(request_key(scope)):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(_UNAUTHORIZED).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        elif "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid_api_key"})

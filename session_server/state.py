@@ -1,0 +1,47 @@
+"""What every route shares: the runtime, the settings, the metrics, the shutdown flag."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph.runtime import GraphRuntime
+from session_server.metrics import ServerMetrics
+
+
+@dataclass
+class Settings:
+    model_id: str
+    api_key: str | None = None
+    enable_realtime: bool = True
+    # Anything a feature package needs from the profile's top level (e.g. `speech:`, `webrtc:`).
+    profile: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerState:
+    def __init__(self, runtime: GraphRuntime, settings: Settings, metrics: ServerMetrics):
+        self.runtime = runtime
+        self.settings = settings
+        self.metrics = metrics
+        self.startup_error: str | None = None
+        # Extra credentials a feature may mint (ephemeral client secrets): key -> check(key) -> bool.
+        self.key_validators: list[Any] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.runtime.ready and not self.runtime.shutting_down
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.runtime.shutting_down
+
+    def key_is_valid(self, key: str | None) -> bool:
+        """True when no key is configured, or `key` is the server key or a valid minted one."""
+        if self.settings.api_key is None:
+            return True
+        if key is None:
+            return False
+        if hmac.compare_digest(key.encode(), self.settings.api_key.encode()):
+            return True
+        return any(validator(key) for validator in self.key_validators)

@@ -1,0 +1,79 @@
+"""Shared fixtures: a real server (uvicorn on 127.0.0.1, a free port) around any profile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from graph.runtime import GraphRuntime
+from session_server.app import create_app
+from session_server.metrics import ServerMetrics
+from session_server.server import DrainingServer
+from session_server.state import ServerState, Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    ws_url: str
+    state: ServerState
+    server: DrainingServer
+
+    @property
+    def runtime(self) -> GraphRuntime:
+        return self.state.runtime
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    profile: dict,
+    api_key: str | None = None,
+    enable_realtime: bool = True,
+    wait_ready: bool = True,
+) -> AsyncIterator[RunningServer]:
+    metrics = ServerMetrics()
+    runtime = GraphRuntime.from_config(profile, metrics)
+    state = ServerState(runtime, Settings(runtime.model_id, api_key, enable_realtime, profile), metrics)
+    port = free_port()
+    server: DrainingServer | None = None
+
+    def fail_startup() -> None:
+        assert server is not None
+        server.should_exit = True
+
+    app = create_app(state, on_startup_failure=fail_startup)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", ws="websockets-sansio", ws_max_size=16 * 1024 * 1024)
+    server = DrainingServer(config, state)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(60):
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                await asyncio.sleep(0.01)
+            while wait_ready and not runtime.ready and not state.startup_error:
+                await asyncio.sleep(0.01)
+        yield RunningServer(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", state, server)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serving, 30)
+
+
+@contextlib.asynccontextmanager
+async def http_client(server: RunningServer, api_key: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=30) as client:
+        yield client
