@@ -1,0 +1,100 @@
+"""Streaming code2wav: chunks decoded with left context join into exactly the one-shot decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream
+
+QUANTIZERS = 4
+CODEBOOK = 64
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Code2WavDecoder:
+    """A small code2wav with the stock upsampling (1920 samples per frame) and non-trivial weights."""
+    torch.manual_seed(0)
+    config = Qwen3OmniMoeCode2WavConfig(
+        codebook_size=CODEBOOK,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_quantizers=QUANTIZERS,
+        decoder_dim=32,
+        sliding_window=8,  # shorter than the test's replies, so the cache's window is exercised
+    )
+    model = Qwen3OmniMoeCode2Wav(config).eval()
+    with torch.no_grad():  # the default init leaves Snake/LayerScale near identity; perturb it
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return Code2WavDecoder(model.double())
+
+
+def stream_in_pieces(decoder, codes, pieces, first_chunk_frames, chunk_frames):
+    stream = Code2WavStream(decoder, first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames)
+    chunks, start = [], 0
+    for size in pieces:
+        chunks.append(stream.push(codes[start : start + size], final=start + size == len(codes)))
+        start += size
+    return chunks, stream
+
+
+def test_a_decode_of_f_frames_holds_back_555_samples(decoder):
+    assert decoder.samples_per_frame == 1920
+    assert decoder.holdback_samples == 555
+    assert decoder.samples_for(1) == 1920 - 555
+    assert decoder.decode_all(torch.randint(0, CODEBOOK, (7, QUANTIZERS))).shape[0] == 7 * 1920 - 555
+
+
+@pytest.mark.parametrize(("first_chunk_frames", "chunk_frames"), [(1, 1), (1, 4), (1, 6), (2, 10)])
+def test_streamed_chunks_concatenated_equal_the_one_shot_decode(decoder, first_chunk_frames, chunk_frames):
+    codes = torch.randint(0, CODEBOOK, (30, QUANTIZERS), generator=torch.Generator().manual_seed(1))
+    one_shot = decoder.decode_all(codes)
+
+    chunks, _ = stream_in_pieces(decoder, codes, [1, 2, 1, 3, 5, 1, 1, 7, 4, 5], first_chunk_frames, chunk_frames)
+
+    streamed = torch.cat(chunks)
+    assert streamed.shape == one_shot.shape
+    assert torch.allclose(streamed, one_shot, rtol=0, atol=1e-12)
+
+
+def test_first_chunk_is_one_frame_and_later_chunks_wait_for_the_chunk_size(decoder):
+    codes = torch.randint(0, CODEBOOK, (14, QUANTIZERS), generator=torch.Generator().manual_seed(2))
+
+    chunks, stream = stream_in_pieces(decoder, codes, [1] * 14, first_chunk_frames=1, chunk_frames=4)
+
+    sizes = [len(chunk) for chunk in chunks]
+    assert sizes[0] == 1920 - 555  # 57 ms of audio after the first frame
+    assert sizes[1:4] == [0, 0, 0]  # frames 2-4 wait for a 4-frame chunk
+    assert sizes[4] == 4 * 1920
+    assert sizes[-1] == 1920  # the final push flushes the 1-frame remainder
+    assert stream.decodes == 5  # chunks of 1, 4, 4, 4, 1 frames
+    assert sum(sizes) == 14 * 1920 - 555
+
+
+def test_one_frame_less_of_left_context_would_not_be_exact(decoder):
+    """The context the decoder computes from the layers is the least that is exact."""
+    codes = torch.randint(0, CODEBOOK, (20, QUANTIZERS), generator=torch.Generator().manual_seed(3))
+    one_shot = decoder.decode_all(codes)
+    short = Code2WavDecoder(decoder.code2wav)
+    exact_first_frame = short.first_frame_needed
+    short.first_frame_needed = lambda sample: exact_first_frame(sample) + 1
+
+    chunks, _ = stream_in_pieces(short, codes, [1, 4, 4, 4, 4, 3], first_chunk_frames=1, chunk_frames=4)
+
+    assert (torch.cat(chunks) - one_shot).abs().max() > 1e-12
+
+
+def test_stock_geometry_needs_ten_frames_of_conv_context():
+    config = Qwen3OmniMoeCode2WavConfig(
+        hidden_size=16, num_attention_heads=1, num_key_value_heads=1, intermediate_size=16,
+        num_hidden_layers=1, decoder_dim=16, codebook_size=8,
+    )
+    decoder = Code2WavDecoder(Qwen3OmniMoeCode2Wav(config))
+    assert decoder.holdback_samples == 555
+    assert decoder.conv_context_frames == 10
