@@ -1,0 +1,515 @@
+"""The streaming talker: thinker tokens in, codec frames out, one frame per step.
+
+`model.generate()` runs the whole thinker reply first and only then the talker. Here the talker
+starts after the reply's FIRST token and produces one codec frame (all `num_code_groups` codes:
+the talker's first code + the code predictor's residual codes) per step, doing exactly the
+computations `generate()` does, in a streamable order (tests/model/test_generate_equivalence.py
+shows identical frames with greedy settings):
+
+* Prefill = talker-space embeddings of every USER turn of the conversation (not the system
+  prompt, not earlier replies) + a fixed 9-position assistant block: the assistant header's
+  text, 4 x tts_pad, tts_bos and the reply's first token, summed with codec specials
+  (nothink, think_bos, think_eos, speaker id, codec_pad, codec_bos).
+  In user turns, audio/image/video positions use the thinker's layer-`accept_hidden_layer`
+  hidden states through `hidden_projection`; every text position uses the thinker's token
+  embedding through `text_projection`. generate() rebuilds all of this from one full prompt;
+  a session cannot (the thinker's KV cache holds no hidden states), so `TalkerHistory` keeps
+  each user turn's talker-space embeddings, captured when that turn was prefilled.
+* Step s >= 1 feeds the sum of the previous frame's code embeddings plus reply token s through
+  `text_projection`. The reply's LAST token (the EOS, or the token where the thinker stopped)
+  is replaced by tts_eos, then tts_pad follows until the talker emits codec EOS. So step s
+  needs token s+1 or the end-of-reply marker: one token of lookahead.
+* Frame f is complete after the talker has seen reply tokens 0..f.
+
+Shared model state is left alone: positions are passed explicitly (so `talker.rope_deltas` is
+never read or written) and the code predictor is driven directly (its
+`generation_config.do_sample` is neither read nor written), so replies of many sessions can
+interleave on one model.
+
+Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
+text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a
+safety net.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+# Positions of the assistant block before the reply's first token: header (3) + 4 x tts_pad + tts_bos.
+ASSISTANT_HEADER_TOKENS = 3
+
+
+@dataclass
+class TalkerSampling:
+    """How the talker picks codes. Defaults are `generate()`'s talker defaults.
+
+    `do_sample=False` is greedy for both the talker and the code predictor (what the
+    equivalence test and the tiny profile use). With sampling, the code predictor samples
+    with top_k=50, top_p=0.8, as `generate()` does.
+    """
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    seed: int | None = None
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> TalkerSampling:
+        params = dict(params or {})
+        unknown = set(params) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown talker sampling parameters: {sorted(unknown)}")
+        return cls(**params)
+
+
+@dataclass
+class TalkerLimits:
+    """Bounds on one reply's frames (12.5 frames = 1 s of audio).
+
+    `max_frames`: hard cap (`generate()`'s `talker_max_new_tokens` - 1); hit only if the talker
+    never emits codec EOS. `max_frames_per_token`: after the text ended, stop once the reply has
+    this many frames per reply token; for random weights (which never emit codec EOS) so that a
+    reply is as long as its text. None disables either bound.
+    """
+
+    max_frames: int | None = 4095
+    max_frames_per_token: float | None = None
+
+    def frame_budget(self, reply_tokens: int | None) -> int | None:
+        """Frames allowed for a reply of `reply_tokens` tokens (None: text not finished yet)."""
+        budget = self.max_frames
+        if self.max_frames_per_token is not None and reply_tokens is not None:
+            per_token = math.ceil(self.max_frames_per_token * reply_tokens)
+            budget = per_token if budget is None else min(budget, per_token)
+        return budget
+
+
+class TalkerModel:
+    """The shared half: model handles, codec special ids and the tts special embeddings."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.talker = model.talker
+        self.thinker_embeddings = model.thinker.get_input_embeddings()
+        config = model.config
+        talker_config = config.talker_config
+        self.config = config
+        self.talker_config = talker_config
+        self.num_code_groups = int(talker_config.num_code_groups)
+        self.codec_eos_id = int(talker_config.codec_eos_token_id)
+        self.accept_hidden_layer = int(talker_config.accept_hidden_layer)
+        self.speakers = {name.lower(): int(sid) for name, sid in (talker_config.speaker_id or {}).items()}
+        if not self.speakers:
+            raise ValueError("the checkpoint's talker config names no speakers (talker_config.speaker_id)")
+        self.multimodal_ids = {
+            int(config.thinker_config.audio_token_id),
+            int(config.thinker_config.image_token_id),
+            int(config.thinker_config.video_token_id),
+        }
+        self.im_start_id = int(config.im_start_token_id)
+        self.user_id = int(config.user_token_id)
+        self.tts_pad_id = int(config.tts_pad_token_id)
+        vocab = int(talker_config.text_config.vocab_size)
+        # The top 1024 ids are codec specials and speakers; only codec EOS may be predicted.
+        self.suppressed_ids = [i for i in range(vocab - 1024, vocab) if i != self.codec_eos_id]
+        self.device = next(self.talker.parameters()).device
+        with torch.inference_mode():
+            specials = torch.tensor(
+                [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]], device=self.device
+            )
+            embeds = self.talker.text_projection(self.thinker_embeddings(specials))
+            self.tts_bos, self.tts_eos, self.tts_pad = embeds.chunk(3, dim=1)  # 3 x [1, 1, D]
+            self._assistant_codec = self.talker.get_input_embeddings()(
+                torch.tensor(
+                    [
+                        [
+                            talker_config.codec_nothink_id,
+                            talker_config.codec_think_bos_id,
+                            talker_config.codec_think_eos_id,
+                            0,  # speaker slot, filled per reply
+                            talker_config.codec_pad_id,
+                            talker_config.codec_bos_id,
+                        ]
+                    ],
+                    device=self.device,
+                )
+            )
+
+    # ------------------------------------------------------------------ voices
+
+    @property
+    def default_speaker(self) -> str:
+        return next(iter(self.speakers))
+
+    def speaker_id(self, speaker: str | None) -> int:
+        """The codec id of a checkpoint speaker (case-insensitive); None picks the default."""
+        name = (speaker or self.default_speaker).lower()
+        if name not in self.speakers:
+            raise KeyError(f"unknown speaker {speaker!r}; the checkpoint has {sorted(self.speakers)}")
+        return self.speakers[name]
+
+    # ------------------------------------------------------------------ embeddings
+
+    @torch.inference_mode()
+    def text_embeds(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Talker-space embeddings of text tokens [n] -> [n, D]."""
+        ids = token_ids.to(self.device, torch.long)
+        return self.talker.text_projection(self.thinker_embeddings(ids))
+
+    @torch.inference_mode()
+    def prompt_embeds(self, token_ids: torch.Tensor, mm_hidden: torch.Tensor | None) -> torch.Tensor:
+        """Talker-space embeddings of prompt tokens [L] -> [L, D].
+
+        `mm_hidden` holds the thinker's layer-`accept_hidden_layer` hidden states, either for the
+        multimodal positions only ([n_mm, H], in order) or for all positions ([L, H]).
+        """
+        ids = token_ids.to(self.device, torch.long)
+        mm_mask = torch.zeros_like(ids, dtype=torch.bool)
+        for mm_id in self.multimodal_ids:
+            mm_mask |= ids == mm_id
+        out = torch.empty(
+            (ids.shape[0], self.talker_config.text_config.hidden_size), device=self.device, dtype=self.talker.dtype
+        )
+        n_mm = int(mm_mask.sum())
+        if n_mm:
+            if mm_hidden is None:
+                raise ValueError("prompt has audio/image positions but no thinker hidden states for them")
+            hidden = mm_hidden.to(self.device)
+            if hidden.shape[0] == ids.shape[0] and hidden.shape[0] != n_mm:
+                hidden = hidden[mm_mask]
+            if hidden.shape[0] != n_mm:
+                raise ValueError(f"got {hidden.shape[0]} multimodal hidden states for {n_mm} multimodal positions")
+            out[mm_mask] = self.talker.hidden_projection(hidden).to(out.dtype)
+        text_ids = ids[~mm_mask]
+        if text_ids.numel():
+            out[~mm_mask] = self.talker.text_projection(self.thinker_embeddings(text_ids)).to(out.dtype)
+        return out
+
+
+@dataclass
+class _UserSegment:
+    token_ids: torch.Tensor  # [n]
+    embeds: torch.Tensor  # [n, D]
+
+
+@dataclass
+class TalkerHistory:
+    """A session's user turns in talker space, built as the thinker prefills each turn.
+
+    Feed it every token the thinker consumes, in order (prompts with their hidden states,
+    replies by id): it tracks the role of each position the way `generate()` does (the token
+    after the last `<|im_start|>`) and keeps the user positions.
+    """
+
+    talker: TalkerModel
+    segments: list[_UserSegment] = field(default_factory=list)
+    image_grids: list[torch.Tensor] = field(default_factory=list)
+    video_grids: list[torch.Tensor] = field(default_factory=list)
+    audio_feature_lengths: list[torch.Tensor] = field(default_factory=list)
+    _role: int | None = None
+    _awaiting_role: bool = False  # an <|im_start|> ended the last chunk
+    _held: _UserSegment | None = None  # that <|im_start|>, kept until its role is known
+
+    def add_prompt(
+        self,
+        token_ids: torch.Tensor,
+        mm_hidden: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
+        audio_feature_lengths: torch.Tensor | None = None,
+    ) -> None:
+        """A prefill: its ids [L] and the accept-layer hidden states of its multimodal positions."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
+        if token_ids.numel() == 0:
+            return
+        embeds = self.talker.prompt_embeds(token_ids, mm_hidden)
+        self._keep_user_positions(token_ids, embeds)
+        for grids, new in (
+            (self.image_grids, image_grid_thw),
+            (self.video_grids, video_grid_thw),
+            (self.audio_feature_lengths, audio_feature_lengths),
+        ):
+            if new is not None and torch.as_tensor(new).numel():
+                grids.append(torch.as_tensor(new).reshape(-1, *torch.as_tensor(new).shape[1:]))
+
+    def add_reply(self, token_ids: torch.Tensor | list[int]) -> None:
+        """Reply tokens the thinker generated (assistant role: only the role tracking cares)."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
+        if token_ids.numel():
+            self._keep_user_positions(token_ids, None)
+
+    def _keep_user_positions(self, token_ids: torch.Tensor, embeds: torch.Tensor | None) -> None:
+        ids = token_ids.tolist()
+        keep: list[int] = []
+        start = 0
+        if self._awaiting_role:
+            self._role = ids[0]
+            self._awaiting_role = False
+            if self._held is not None and self._role == self.talker.user_id:
+                self.segments.append(self._held)
+            self._held = None
+        for position, token in enumerate(ids[start:], start):
+            if token == self.talker.im_start_id:
+                if position + 1 < len(ids):
+                    self._role = ids[position + 1]
+                else:
+                    self._awaiting_role = True
+                    if embeds is not None:
+                        self._held = _UserSegment(token_ids[position : position + 1], embeds[position : position + 1])
+                    continue
+            if self._role == self.talker.user_id:
+                keep.append(position)
+        if keep and embeds is not None:
+            index = torch.tensor(keep)
+            self.segments.append(_UserSegment(token_ids[index], embeds[index.to(embeds.device)]))
+        elif keep:
+            raise ValueError("user-role tokens arrived without prompt embeddings (as reply tokens)")
+
+    @property
+    def user_length(self) -> int:
+        return sum(int(segment.token_ids.shape[0]) for segment in self.segments)
+
+
+class TalkerReply:
+    """One reply's talker state. Feed text with `add_text`, pull frames with `step`.
+
+    Not thread-safe: one worker runs its steps one at a time. `cancel()` may be called from any
+    thread; the next `step` then returns None without computing (so an interrupt stops the
+    talker within one frame).
+    """
+
+    def __init__(
+        self,
+        talker: TalkerModel,
+        history: TalkerHistory,
+        header_ids: torch.Tensor | list[int],
+        speaker: str | None = None,
+        sampling: TalkerSampling | None = None,
+        limits: TalkerLimits | None = None,
+    ):
+        self.talker = talker
+        self.history = history
+        self.speaker = speaker
+        self.speaker_id = talker.speaker_id(speaker)
+        self.sampling = sampling or TalkerSampling()
+        self.limits = limits or TalkerLimits()
+        header = torch.as_tensor(header_ids, dtype=torch.long).reshape(-1).cpu()
+        if header.numel() < ASSISTANT_HEADER_TOKENS:
+            raise ValueError("the assistant header must hold <|im_start|>assistant and one more token")
+        self._header = header[:ASSISTANT_HEADER_TOKENS]
+        # Text the talker reads one token per step: header tokens past the third, then the reply.
+        self._text: list[int] = header[ASSISTANT_HEADER_TOKENS:].tolist()
+        self._header_extra = len(self._text)
+        self.text_final = False
+        self.frames = 0
+        self.finished = False
+        self.finish_reason: str | None = None
+        self._cancelled = False
+        self._cache: DynamicCache | None = None
+        self._last_hidden: torch.Tensor | None = None  # talker output at the last position [1, 1, D]
+        self._next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
+        self._last_position: torch.Tensor | None = None  # [4, 1, 1]
+        self._first_codes: list[int] = []  # the talker's codes so far (repetition penalty input)
+        self._generator = None
+        if self.sampling.do_sample and self.sampling.seed is not None:
+            self._generator = torch.Generator(device=talker.device).manual_seed(self.sampling.seed)
+        self._talker_processors, self._predictor_processors = self._processors()
+
+    # ------------------------------------------------------------------ text in
+
+    @property
+    def reply_tokens(self) -> int:
+        return len(self._text) - self._header_extra
+
+    def add_text(self, token_ids: list[int] | tuple[int, ...], final: bool = False) -> None:
+        """Reply tokens as the thinker samples them; `final` when the reply's text has ended."""
+        if self.text_final and token_ids:
+            raise ValueError("text added after the reply's final token")
+        self._text.extend(int(t) for t in token_ids)
+        self.text_final = self.text_final or final
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    # ------------------------------------------------------------------ frames out
+
+    def ready(self) -> bool:
+        """Whether `step` can run now (False: it waits for more text), or has finished."""
+        if self.finished or self._cancelled:
+            return True
+        if self._cache is None:
+            return len(self._text) >= 1 or self.text_final
+        # Step s reads text s; it needs text s+1 (or the end marker) to know whether s is the last.
+        return self.text_final or len(self._text) > self.frames + 1
+
+    def step(self) -> torch.Tensor | None:
+        """Compute the next frame: codes [num_code_groups], or None when the reply has ended.
+
+        Call only when `ready()`. Runs one talker forward and the code predictor.
+        """
+        if self._cancelled:
+            self._finish("cancelled")
+        if self.finished:
+            return None
+        if not self.ready():
+            raise RuntimeError("talker step needs more text (check ready() first)")
+        budget = self.limits.frame_budget(self.reply_tokens if self.text_final else None)
+        if budget is not None and self.frames >= budget:
+            self._finish("frame_limit")
+            return None
+        if self._cache is None:
+            if not self._text:  # the reply ended before its first token: nothing to speak
+                self._finish("empty")
+                return None
+            logits = self._prefill()
+        else:
+            logits = self._forward(self._next_embeds + self._text_embed(self.frames))
+        first_code = self._pick(logits)
+        if first_code == self.talker.codec_eos_id:
+            self._finish("eos")
+            return None
+        codes = self._predict_residuals(first_code)
+        self.frames += 1
+        return codes
+
+    def _finish(self, reason: str) -> None:
+        if not self.finished:
+            self.finished = True
+            self.finish_reason = reason
+            self._cache = None  # free the KV cache now; the reply object may live on
+
+    # ------------------------------------------------------------------ compute
+
+    def _text_embed(self, step: int) -> torch.Tensor:
+        """What step `step` reads: reply token `step`, tts_eos for the last token, then tts_pad."""
+        last = len(self._text) - 1
+        if step < last:
+            return self.talker.text_embeds(torch.tensor([self._text[step]])).unsqueeze(0)
+        if step == last:
+            return self.talker.tts_eos
+        return self.talker.tts_pad
+
+    @torch.inference_mode()
+    def _prefill(self) -> torch.Tensor:
+        talker = self.talker
+        header_text = talker.text_embeds(self._header).unsqueeze(0)  # [1, 3, D]
+        first_text = talker.text_embeds(torch.tensor(self._text[:1])).unsqueeze(0)
+        assistant_text = torch.cat(
+            (header_text, talker.tts_pad.expand(1, 4, -1), talker.tts_bos, first_text), dim=1
+        )
+        codec = talker._assistant_codec.clone()
+        codec[:, 3] = talker.talker.get_input_embeddings()(torch.tensor([self.speaker_id], device=talker.device))
+        zeros = torch.zeros((1, ASSISTANT_HEADER_TOKENS, codec.shape[-1]), device=talker.device, dtype=codec.dtype)
+        assistant = assistant_text + torch.cat((zeros, codec), dim=1)
+
+        segments = self.history.segments
+        user_embeds = [segment.embeds for segment in segments]
+        embeds = torch.cat([*user_embeds, assistant[0]], dim=0).unsqueeze(0)
+        user_ids = [segment.token_ids for segment in segments]
+        talker_ids = torch.cat(
+            [*user_ids, torch.full((assistant.shape[1],), talker.tts_pad_id, dtype=torch.long)]
+        ).unsqueeze(0)
+        positions = self._prefill_positions(talker_ids)
+        self._cache = DynamicCache(config=talker.talker.config.text_config)
+        return self._forward(embeds, positions)
+
+    def _prefill_positions(self, talker_ids: torch.Tensor) -> torch.Tensor:
+        """[4, 1, L] positions: the text row, then the 3 rope rows (3-D only around images)."""
+        length = talker_ids.shape[1]
+        text = torch.arange(length, device=self.talker.device).unsqueeze(0)
+        history = self.history
+        if history.image_grids or history.video_grids:
+            mask = torch.ones_like(talker_ids)
+            rope, _ = self.talker.talker.get_rope_index(
+                talker_ids,
+                torch.cat(history.image_grids) if history.image_grids else None,
+                torch.cat(history.video_grids) if history.video_grids else None,
+                mask,
+                False,
+                torch.cat(history.audio_feature_lengths) if history.audio_feature_lengths else None,
+                None,
+            )
+            rope = rope.to(self.talker.device)
+        else:
+            rope = text.unsqueeze(0).expand(3, -1, -1)
+        return torch.cat([text[None, ...], rope], dim=0)
+
+    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = self._last_position + 1
+        out = self.talker.talker.model(inputs_embeds=embeds, position_ids=positions, cache=self._cache, use_cache=True)
+        hidden = out.last_hidden_state
+        self._last_hidden = hidden[:, -1:]
+        self._last_position = positions[..., -1:]
+        return self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
+
+    def _processors(self) -> tuple[LogitsProcessorList, LogitsProcessorList]:
+        sampling = self.sampling
+        talker = LogitsProcessorList()
+        if sampling.repetition_penalty != 1.0:
+            talker.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty), prompt_ignore_length=0))
+        talker.append(SuppressTokensLogitsProcessor(self.talker.suppressed_ids, device=self.talker.device))
+        predictor = LogitsProcessorList()
+        if sampling.do_sample:
+            if sampling.temperature != 1.0:
+                talker.append(TemperatureLogitsWarper(float(sampling.temperature)))
+            if sampling.top_k:
+                talker.append(TopKLogitsWarper(top_k=int(sampling.top_k)))
+            if sampling.top_p < 1.0:
+                talker.append(TopPLogitsWarper(top_p=float(sampling.top_p)))
+            predictor.extend([TopKLogitsWarper(top_k=50), TopPLogitsWarper(top_p=0.8)])
+        return talker, predictor
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        if not self.sampling.do_sample:
+            return torch.argmax(scores, dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=self._generator).squeeze(1)
+
+    def _pick(self, logits: torch.Tensor) -> int:
+        previous = torch.tensor([self._first_codes], dtype=torch.long, device=logits.device)
+        code = int(self._choose(self._talker_processors(previous, logits))[0])
+        self._first_codes.append(code)
+        return code
+
+    @torch.inference_mode()
+    def _predict_residuals(self, first_code: int) -> torch.Tensor:
+        """The code predictor's `num_code_groups - 1` residual codes for this frame.
+
+        Also prepares the next step's input: the sum of the frame's code embeddings, summed in
+        the order `generate()` sums them.
+        """
+        talker = self.talker
+        predictor = talker.talker.code_predictor
+        first = torch.tensor([[first_code]], device=talker.device)
+        first_embed = talker.talker.get_input_embeddings()(first)  # [1, 1, D]
+        cache = DynamicCache(config=predictor.config)
+        no_history = torch.empty((1, 0), dtype=torch.long, device=talker.device)
+        out = predictor(inputs_embeds=torch.cat((self._last_hidden, first_embed), dim=1), cache=cache, use_cache=True)
+        codes = [first_code]
+        embeds = [first_embed]
+        for group in range(1, talker.num_code_groups):
+            scores = self._predictor_processors(no_history, out.logits[:, -1, :].to(copy=True, dtype=torch.float32))
+            code = self._choose(scores).view(1, 1)
+            codes.append(int(code))
+            embed = predictor.get_input_embeddings()[group - 1](code)
+            embeds.append(embed)
+            if group < talker.num_code_groups - 1:
+                out = predictor(input_ids=code, cache=cache, use_cache=True, generation_steps=group)
+        self._next_embeds = torch.cat(embeds, dim=1).sum(1, keepdim=True)
+        return torch.tensor(codes, dtype=torch.long)
