@@ -154,7 +154,8 @@ class TalkerModel:
 
     @property
     def default_speaker(self) -> str:
-        return next(iter(self.speakers))
+        """`generate()`'s default speaker (Ethan) when the checkpoint has it, else the first one."""
+        return "ethan" if "ethan" in self.speakers else next(iter(self.speakers))
 
     def speaker_id(self, speaker: str | None) -> int:
         """The codec id of a checkpoint speaker (case-insensitive); None picks the default."""
@@ -405,27 +406,26 @@ class TalkerReply:
         return self.talker.tts_pad
 
     @torch.inference_mode()
-    def _prefill(self) -> torch.Tensor:
+    def prefill_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill: embeddings [1, L, D] (user turns + assistant block) and positions [4, 1, L]."""
         talker = self.talker
         header_text = talker.text_embeds(self._header).unsqueeze(0)  # [1, 3, D]
         first_text = talker.text_embeds(torch.tensor(self._text[:1])).unsqueeze(0)
-        assistant_text = torch.cat(
-            (header_text, talker.tts_pad.expand(1, 4, -1), talker.tts_bos, first_text), dim=1
-        )
+        assistant_text = torch.cat((header_text, talker.tts_pad.expand(1, 4, -1), talker.tts_bos, first_text), dim=1)
         codec = talker._assistant_codec.clone()
         codec[:, 3] = talker.talker.get_input_embeddings()(torch.tensor([self.speaker_id], device=talker.device))
         zeros = torch.zeros((1, ASSISTANT_HEADER_TOKENS, codec.shape[-1]), device=talker.device, dtype=codec.dtype)
         assistant = assistant_text + torch.cat((zeros, codec), dim=1)
 
         segments = self.history.segments
-        user_embeds = [segment.embeds for segment in segments]
-        embeds = torch.cat([*user_embeds, assistant[0]], dim=0).unsqueeze(0)
-        user_ids = [segment.token_ids for segment in segments]
-        talker_ids = torch.cat(
-            [*user_ids, torch.full((assistant.shape[1],), talker.tts_pad_id, dtype=torch.long)]
-        ).unsqueeze(0)
-        positions = self._prefill_positions(talker_ids)
-        self._cache = DynamicCache(config=talker.talker.config.text_config)
+        embeds = torch.cat([*(segment.embeds for segment in segments), assistant[0]], dim=0).unsqueeze(0)
+        assistant_ids = torch.full((assistant.shape[1],), talker.tts_pad_id, dtype=torch.long)
+        talker_ids = torch.cat([*(segment.token_ids for segment in segments), assistant_ids]).unsqueeze(0)
+        return embeds, self._prefill_positions(talker_ids)
+
+    def _prefill(self) -> torch.Tensor:
+        embeds, positions = self.prefill_inputs()
+        self._cache = DynamicCache(config=self.talker.talker.config.text_config)
         return self._forward(embeds, positions)
 
     def _prefill_positions(self, talker_ids: torch.Tensor) -> torch.Tensor:

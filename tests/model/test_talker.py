@@ -1,0 +1,134 @@
+"""The streaming talker on the tiny checkpoint: starts after one token, stops on interrupt, bounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerLimits, TalkerModel, TalkerReply, TalkerSampling
+
+GREEDY = TalkerSampling(do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
+
+
+@pytest.fixture(scope="module")
+def talker(model) -> TalkerModel:
+    return TalkerModel(model)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_checkpoint) -> torch.Tensor:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"][0]
+
+
+def new_reply(talker, prompt_ids, **kwargs) -> TalkerReply:
+    history = TalkerHistory(talker)
+    history.add_prompt(prompt_ids)  # a text-only prompt needs no thinker hidden states
+    kwargs.setdefault("sampling", GREEDY)
+    return TalkerReply(talker, history, prompt_ids[-3:], **kwargs)
+
+
+def test_talker_speaks_after_one_thinker_token_and_then_waits_for_lookahead(talker, prompt_ids):
+    reply = new_reply(talker, prompt_ids)
+    assert not reply.ready()  # no reply token yet
+
+    reply.add_text([104])
+    assert reply.ready()
+    frame = reply.step()
+
+    assert frame.shape == (talker.num_code_groups,)
+    assert not reply.ready()  # step 1 reads token 1 and must know whether it is the last one
+    reply.add_text([105])
+    assert not reply.ready()
+    reply.add_text([106])
+    assert reply.ready()
+
+
+def test_interrupt_stops_the_talker_before_its_next_frame(talker, prompt_ids):
+    reply = new_reply(talker, prompt_ids)
+    reply.add_text([104, 105, 106, 107, 108])
+    assert reply.step() is not None and reply.step() is not None
+
+    reply.cancel()  # e.g. from the event loop while a worker thread runs the previous frame
+
+    assert reply.ready()
+    assert reply.step() is None
+    assert (reply.finished, reply.finish_reason, reply.frames) == (True, "cancelled", 2)
+
+
+def test_voice_selects_the_checkpoints_speaker_id(talker, prompt_ids):
+    assert talker.speaker_id("Chelsie") == talker.talker_config.speaker_id["chelsie"]
+    assert talker.speaker_id(None) == talker.talker_config.speaker_id["ethan"]  # generate()'s default
+    with pytest.raises(KeyError):
+        talker.speaker_id("alloy")
+
+    inputs = {}
+    for speaker in ("chelsie", "aiden"):
+        reply = new_reply(talker, prompt_ids, speaker=speaker)
+        reply.add_text([104])
+        assert reply.speaker_id == talker.talker_config.speaker_id[speaker]
+        inputs[speaker], _ = reply.prefill_inputs()
+
+    # The prefills differ exactly at the speaker slot of the 9-position assistant block, whose codec half is
+    # (0, 0, 0, nothink, think_bos, think_eos, SPEAKER, codec_pad, codec_bos).
+    differs = (inputs["chelsie"] != inputs["aiden"]).any(dim=-1)[0]
+    assert differs.nonzero().flatten().tolist() == [inputs["aiden"].shape[1] - 3]
+
+
+def test_frames_per_token_bound_ends_a_reply_that_never_emits_codec_eos(talker, prompt_ids):
+    reply = new_reply(talker, prompt_ids, limits=TalkerLimits(max_frames=None, max_frames_per_token=2.0))
+    reply.add_text([104, 105, 106], final=True)
+
+    frames = []
+    while (frame := reply.step()) is not None:
+        frames.append(frame)
+
+    assert len(frames) == 6 and reply.finish_reason == "frame_limit"
+
+
+def test_max_frames_bounds_a_reply_whose_text_has_not_ended(talker, prompt_ids):
+    reply = new_reply(talker, prompt_ids, limits=TalkerLimits(max_frames=3))
+    reply.add_text(list(range(100, 120)))
+
+    frames = []
+    while (frame := reply.step()) is not None:
+        frames.append(frame)
+
+    assert len(frames) == 3 and reply.finish_reason == "frame_limit"
+
+
+def test_history_keeps_user_turns_only_even_when_a_header_is_split_across_prefills(talker, prompt_ids):
+    whole = TalkerHistory(talker)
+    whole.add_prompt(prompt_ids)
+    split = TalkerHistory(talker)
+    cut = int((prompt_ids == talker.im_start_id).nonzero()[1]) + 1  # right after the user turn's <|im_start|>
+    split.add_prompt(prompt_ids[:cut])
+    split.add_prompt(prompt_ids[cut:])
+
+    user_ids = torch.cat([segment.token_ids for segment in whole.segments])
+    tokenizer_user_turn = prompt_ids[cut - 1 : -3]  # <|im_start|>user\nhello there<|im_end|>\n
+    assert torch.equal(user_ids, tokenizer_user_turn)
+    assert torch.equal(torch.cat([s.token_ids for s in split.segments]), user_ids)
+    assert torch.allclose(torch.cat([s.embeds for s in split.segments]), torch.cat([s.embeds for s in whole.segments]))
+
+
+def test_a_reply_that_ends_before_its_first_token_has_no_frames(talker, prompt_ids):
+    reply = new_reply(talker, prompt_ids)
+    reply.add_text([], final=True)
+    assert reply.step() is None and reply.finish_reason == "empty"
+
+
+def test_sampling_with_a_seed_is_reproducible(talker, prompt_ids):
+    runs = []
+    for _ in range(2):
+        reply = new_reply(talker, prompt_ids, sampling=TalkerSampling(do_sample=True, seed=7))
+        reply.add_text([104, 105, 106], final=True)
+        runs.append(torch.stack([reply.step() for _ in range(3)]))
+    assert torch.equal(runs[0], runs[1])
