@@ -1,0 +1,236 @@
+"""What the speech routes share: their settings, the voice registry, and running one request.
+
+A speech request runs on the loaded graph, next to the live sessions: it opens a graph session
+of kind `speech`, sends one `Turn(role="assistant", text=..., speak=True)` into the graph input
+`speech`, and reads `AudioOut` until the turn's `TurnDone` (which carries the usage). Nothing
+is kept afterwards; the session is closed when the request ends, whether it finished, failed or
+the client went away.
+
+Sessions first: a `speech` session's nodes submit their model work at
+`graph.executor.PRIORITY_SPEECH`, below the live sessions' `PRIORITY_REALTIME`, so the shared
+executors fill batches with speech work but always take every waiting live-session step first.
+Speech requests also have their own admission cap (`limits.max_speech_sessions`): past it a
+request gets 503 `speech_capacity_reached` instead of queueing without bound, and they never
+take a live-session slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from graph.errors import SessionRejected
+from graph.messages import AudioOut, ReplyParams, Turn, TurnDone, Usage
+from graph.runtime import GraphRuntime
+from session_server.speech.voice_registry import POLICIES, VoiceRegistry
+
+log = logging.getLogger("session_server.speech")
+
+SPEECH_INPUT = "speech"
+DEFAULT_SAMPLE_RATE = 24000
+
+
+@dataclass(frozen=True)
+class SpeechConfig:
+    """The profile's optional `speech:` section. Every bound says what a client sees past it."""
+
+    # The resource whose `speakers` / `default_speaker` / `output_sample_rate` describe the
+    # model's voices (None: the first resource that has `speakers`).
+    resource: str | None = None
+    # Used only when no resource names speakers (fake graphs, models without speakers).
+    voices: tuple[str, ...] = ("default",)
+    voices_dir: str = "~/.cache/sgl-omni/voices"
+    # Uploads of a new name past this get 400 `voice_limit_reached`.
+    max_voices: int = 1000
+    voice_policy: str = "overwrite"
+    voice_min_s: float = 1.0
+    voice_max_s: float = 60.0
+    # Uploaded files larger than this get 413 before decoding (the reference's 10 MiB).
+    voice_max_bytes: int = 10 * 1024 * 1024
+    # `input` longer than this gets 400 (a request must stay a bounded amount of work).
+    max_input_chars: int = 4096
+    # `max_new_tokens` above this gets 400.
+    max_new_tokens: int = 8192
+    # Items of one batch synthesised at once; the rest wait their turn inside the request.
+    batch_concurrency: int = 8
+    # WebSocket: no `session.config` within this long -> `error`, then close (1008).
+    ws_config_timeout_s: float = 10.0
+    # WebSocket: no client message for this long while nothing is being spoken -> close (1000).
+    ws_idle_timeout_s: float = 120.0
+    # WebSocket: a client message larger than this -> `error`, then close (1009).
+    ws_max_message_bytes: int = 64 * 1024
+    # WebSocket: text buffered for one utterance beyond this -> `error`, the text is refused.
+    ws_max_utterance_chars: int = 20000
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any]) -> SpeechConfig:
+        raw = dict(profile.get("speech") or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"speech.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+        if "voices" in raw:
+            raw["voices"] = tuple(raw["voices"])
+        config = cls(**raw)
+        if config.voice_policy not in POLICIES:
+            raise ValueError(f"speech.voice_policy must be one of {', '.join(POLICIES)}")
+        return config
+
+
+class SpeechFailed(Exception):
+    """The graph could not produce the audio (a node failed, the reply was cancelled)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class ModelVoices:
+    names: tuple[str, ...]
+    default: str
+    sample_rate: int
+
+    def canonical(self, voice: str) -> str | None:
+        """Voice names match case-insensitively; returns the model's spelling."""
+        lowered = voice.lower()
+        return next((name for name in self.names if name.lower() == lowered), None)
+
+
+class SpeechService:
+    def __init__(self, runtime: GraphRuntime, config: SpeechConfig):
+        self.runtime = runtime
+        self.config = config
+        self._registry: VoiceRegistry | None = None
+        self._model_voices: ModelVoices | None = None
+        # Jobs in flight, so tests and metrics can see that a request really ended.
+        self.active_jobs: set[SpeechJob] = set()
+
+    # The model's voices are known once its resources have loaded (after the port opened).
+    def model_voices(self) -> ModelVoices:
+        if self._model_voices is not None:
+            return self._model_voices
+        voices = _read_model_voices(self.runtime, self.config)
+        if self.runtime.ready:  # before that the resources may not exist yet
+            self._model_voices = voices
+        return voices
+
+    def registry(self) -> VoiceRegistry:
+        if self._registry is None:
+            registry = VoiceRegistry(
+                Path(self.config.voices_dir).expanduser(),
+                builtin=frozenset(self.model_voices().names),
+                max_voices=self.config.max_voices,
+                policy=self.config.voice_policy,
+                min_seconds=self.config.voice_min_s,
+                max_seconds=self.config.voice_max_s,
+            )
+            registry.load()
+            self._registry = registry
+        return self._registry
+
+    def job(self, **params: Any) -> SpeechJob:
+        return SpeechJob(self, **params)
+
+
+@dataclass(eq=False)
+class SpeechJob:
+    """One speech request on the graph. Use as `async with job: async for chunk in job.audio()`."""
+
+    service: SpeechService
+    text: str
+    voice: str
+    instructions: str | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    id: str = field(default_factory=lambda: f"speech_{uuid.uuid4().hex[:24]}")
+    usage: Usage | None = None
+    status: str | None = None
+    finished: bool = False
+    _session: Any = None
+
+    async def __aenter__(self) -> SpeechJob:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close("completed" if self.finished else "client_disconnected")
+
+    async def open(self) -> None:
+        """Open the graph session and send the turn. Raises SessionRejected when full."""
+        self._session = await self.service.runtime.open_session(self.id, kind="speech", config={"voice": self.voice})
+        self.service.active_jobs.add(self)
+        sampling = {"seed": self.seed} if self.seed is not None else {}
+        turn = Turn(
+            turn_id=0,
+            item_id=self.id,
+            role="assistant",
+            text=self.text,
+            speak=True,
+            instructions=self.instructions,
+            reply=ReplyParams(response_id=self.id, voice=self.voice, max_output_tokens=self.max_new_tokens, sampling=sampling),
+        )
+        try:
+            await self._session.send(SPEECH_INPUT, turn)
+        except BaseException:
+            await self.close("failed")
+            raise
+
+    async def audio(self) -> AsyncIterator[AudioOut]:
+        """The reply's audio chunks in order; ends after the TurnDone, raises SpeechFailed."""
+        session = self._session
+        async for message in session.outputs():
+            if isinstance(message, AudioOut):
+                yield message
+            elif isinstance(message, TurnDone):
+                self.usage, self.status = message.usage, message.status
+                if message.status not in ("completed", "incomplete"):
+                    raise SpeechFailed("speech_failed", f"speech generation {message.status}: {message.reason or 'no reason given'}")
+                self.finished = True
+                return
+        code, text = session.error or ("speech_failed", f"the speech session ended early ({session.end_reason})")
+        raise SpeechFailed(code, text)
+
+    async def close(self, reason: str) -> None:
+        """Close the graph session (idempotent). Shielded: a cancelled caller still frees it."""
+        self.service.active_jobs.discard(self)
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._session.close(reason))
+
+
+def usage_body(usage: Usage | None) -> dict[str, Any]:
+    """The speech usage object (same on `speech.audio.done` and in batch results)."""
+    usage = usage or Usage()
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "input_token_details": {"text_tokens": usage.input_text_tokens, "audio_tokens": usage.input_audio_tokens},
+    }
+
+
+def _read_model_voices(runtime: GraphRuntime, config: SpeechConfig) -> ModelVoices:
+    resource = None
+    if config.resource is not None:
+        resource = runtime.resources.get(config.resource)
+    if resource is None:
+        resource = next((r for r in runtime.resources.values() if getattr(r, "speakers", None)), None)
+    speakers = tuple(getattr(resource, "speakers", None) or ()) if resource is not None else ()
+    if not speakers:
+        speakers = tuple(config.voices)
+        default = speakers[0]
+    else:
+        default = getattr(resource, "default_speaker", None) or speakers[0]
+    rate = int(getattr(resource, "output_sample_rate", 0) or DEFAULT_SAMPLE_RATE)
+    return ModelVoices(tuple(speakers), default, rate)
+
+
+__all__ = ["SessionRejected", "SpeechConfig", "SpeechFailed", "SpeechJob", "SpeechService", "usage_body"]

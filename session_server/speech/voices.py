@@ -1,0 +1,128 @@
+"""GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}.
+
+`voices` lists the names a speech request may pass as `voice`: the loaded model's built-in
+speakers. `uploaded_voices` lists the registry (see `voice_registry.py`): uploads are stored,
+listed, replaced and deleted whatever the model, but Qwen3-Omni cannot speak in them, so a speech
+request naming one gets 400 "... the loaded model does not support voice cloning" and they are
+not repeated under `voices`.
+
+Upload (multipart): `audio_sample` (a file of at most `speech.voice_max_bytes`, 10 MiB; larger
+gets 413 before it is decoded), `consent`, `name`, optional `ref_text` and
+`speaker_description`. Undecodable audio, or audio shorter or longer than the configured bounds,
+gets 400 and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from session_server.errors import openai_error_response
+from session_server.speech.encode import decode_audio
+from session_server.speech.params import SpeechError
+from session_server.speech.routes import ensure_available, error_response
+from session_server.speech.service import SpeechService
+from session_server.speech.voice_registry import VoiceError
+
+log = logging.getLogger("session_server.speech")
+
+# Multipart overhead allowed on top of the audio file itself before the body is refused unread.
+_FORM_OVERHEAD = 64 * 1024
+
+
+def voice_error(error: VoiceError) -> Response:
+    return openai_error_response(error.status, error.message, "invalid_request_error", error.param, error.code)
+
+
+def _too_large(limit: int) -> Response:
+    return openai_error_response(
+        413, f"audio_sample is larger than {limit // (1024 * 1024)} MiB", "invalid_request_error", "audio_sample", "file_too_large"
+    )
+
+
+def _form_text(form, key: str) -> str | None:
+    value = form.get(key)
+    if value is None or isinstance(value, UploadFile):
+        return None
+    return str(value)
+
+
+def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
+    @app.get("/v1/audio/voices")
+    async def list_voices() -> Response:
+        try:
+            ensure_available(service)
+        except SpeechError as error:
+            return error_response(error)
+        uploaded = service.registry().list()
+        return JSONResponse(
+            {"voices": sorted(service.model_voices().names), "uploaded_voices": [voice.public() for voice in uploaded]}
+        )
+
+    @app.post("/v1/audio/voices")
+    async def upload_voice(request: Request) -> Response:
+        try:
+            ensure_available(service)
+        except SpeechError as error:
+            return error_response(error)
+        limit = service.config.voice_max_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit + _FORM_OVERHEAD:
+            return _too_large(limit)
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            return openai_error_response(400, "Upload a voice as multipart/form-data", "invalid_request_error", None, "invalid_content_type")
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except Exception as exc:  # noqa: BLE001 - any malformed form is the client's error
+            return openai_error_response(400, f"Malformed multipart form: {exc}", "invalid_request_error", None, "invalid_form")
+        try:
+            upload = form.get("audio_sample")
+            name = _form_text(form, "name")
+            consent = _form_text(form, "consent")
+            if not isinstance(upload, UploadFile):
+                return openai_error_response(400, "audio_sample (a file) is required", "invalid_request_error", "audio_sample", "missing_field")
+            if name is None:
+                return openai_error_response(400, "name is required", "invalid_request_error", "name", "missing_field")
+            if consent is None or not consent.strip():
+                return openai_error_response(400, "consent is required", "invalid_request_error", "consent", "missing_field")
+            data = await upload.read(limit + 1)
+            if len(data) > limit:
+                return _too_large(limit)
+            try:
+                samples, rate = await asyncio.to_thread(decode_audio, data)
+            except ValueError as exc:
+                return openai_error_response(400, f"audio_sample is not decodable audio ({exc})", "invalid_request_error", "audio_sample", "invalid_audio")
+            try:
+                voice, replaced = await asyncio.to_thread(
+                    service.registry().add,
+                    name=name,
+                    consent=consent,
+                    samples=samples,
+                    sample_rate=rate,
+                    mime_type=upload.content_type or "application/octet-stream",
+                    file_size=len(data),
+                    ref_text=_form_text(form, "ref_text"),
+                    speaker_description=_form_text(form, "speaker_description"),
+                )
+            except VoiceError as error:
+                return voice_error(error)
+        finally:
+            await form.close()
+        log.info("voice %r %s (%d bytes, %.2f s)", voice.name, "replaced" if replaced else "uploaded", voice.file_size, voice.duration_s)
+        return JSONResponse({"success": True, "voice": voice.public()})
+
+    @app.delete("/v1/audio/voices/{name}")
+    async def delete_voice(name: str) -> Response:
+        try:
+            ensure_available(service)
+        except SpeechError as error:
+            return error_response(error)
+        try:
+            await asyncio.to_thread(service.registry().delete, name)
+        except VoiceError as error:
+            return voice_error(error)
+        return JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"})
