@@ -123,6 +123,7 @@ class TalkerModel:
         }
         self.im_start_id = int(config.im_start_token_id)
         self.user_id = int(config.user_token_id)
+        self.assistant_id = int(config.assistant_token_id)
         self.tts_pad_id = int(config.tts_pad_token_id)
         vocab = int(talker_config.text_config.vocab_size)
         # The top 1024 ids are codec specials and speakers; only codec EOS may be predicted.
@@ -225,6 +226,7 @@ class TalkerHistory:
     _role: int | None = None
     _awaiting_role: bool = False  # an <|im_start|> ended the last chunk
     _held: _UserSegment | None = None  # that <|im_start|>, kept until its role is known
+    _since_im_start: list[int] = field(default_factory=list)  # ids from the last <|im_start|> on
 
     def add_prompt(
         self,
@@ -254,8 +256,20 @@ class TalkerHistory:
         if token_ids.numel():
             self._keep_user_positions(token_ids, None)
 
+    def assistant_header(self) -> list[int] | None:
+        """The open assistant header (`<|im_start|>assistant\\n`...) the last prompt ended with, if any."""
+        header = self._since_im_start
+        if len(header) >= ASSISTANT_HEADER_TOKENS and header[1] == self.talker.assistant_id:
+            return list(header)
+        return None
+
     def _keep_user_positions(self, token_ids: torch.Tensor, embeds: torch.Tensor | None) -> None:
         ids = token_ids.tolist()
+        for token in ids:
+            if token == self.talker.im_start_id:
+                self._since_im_start = []
+            if len(self._since_im_start) < 64:  # a header is a few tokens; never hold a whole turn
+                self._since_im_start.append(token)
         keep: list[int] = []
         start = 0
         if self._awaiting_role:

@@ -1,0 +1,132 @@
+"""code2wav node: codec frames -> 24 kHz reply audio, streamed in chunks.
+
+    code2wav: {type: qwen3_omni.code2wav, params: {resource: omni, first_chunk_frames: 1, chunk_frames: 6}}
+
+Input `codes`: `CodecFrames` from the talker (one or more frames each; an empty one with
+`final=True` ends the reply's audio) and the reply's `TurnDone`. Output `audio`: `AudioOut`
+chunks (float32 mono, 24 kHz), then the `TurnDone`, so the transport's end of reply always
+follows the reply's last audio.
+
+The first chunk is decoded as soon as `first_chunk_frames` frames are in (1 frame = 57 ms of
+audio: low time-to-first-audio); later chunks wait for `chunk_frames` frames, since each decode
+re-runs the conv stack over ~10 frames of left context. Chunks join without seams: together they
+equal a one-shot decode (see `nodes/qwen3_omni/code2wav_stream.py`).
+
+An `Interrupt` drops the reply's stream at once: no audio of that reply is emitted after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
+from graph.node import Emit, Node, NodeSession, SessionInfo
+from graph.registry import register_node
+from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream
+
+
+@register_node("qwen3_omni.code2wav")
+class Code2WavNode(Node):
+    inputs = {"codes": (CodecFrames, TurnDone)}
+    outputs = {"audio": (AudioOut, TurnDone)}
+
+    def __init__(self, name: str, params: dict[str, Any], context: Any):
+        super().__init__(name, params, context)
+        self.first_chunk_frames = int(self.params.get("first_chunk_frames", 1))
+        self.chunk_frames = int(self.params.get("chunk_frames", 6))
+        if not (1 <= self.first_chunk_frames and 1 <= self.chunk_frames):
+            raise ValueError("code2wav chunk sizes must be at least one frame")
+        self.decoder: Code2WavDecoder | None = None
+
+    async def start(self) -> None:
+        omni = self.context.resource(self.params.get("resource", "omni"))
+        if getattr(omni, "code2wav", None) is None:
+            raise ValueError("the checkpoint has no code2wav (audio output disabled)")
+        self.decoder = await self.context.compute.run(Code2WavDecoder, omni.code2wav)
+
+    def open_session(self, session: SessionInfo) -> NodeSession:
+        return Code2WavSession(self, session)
+
+
+class Code2WavSession(NodeSession):
+    node: Code2WavNode
+
+    def __init__(self, node: Code2WavNode, session: SessionInfo):
+        super().__init__(node, session)
+        self._stream: Code2WavStream | None = None
+        self._stream_key: tuple[int, str] | None = None  # (turn_id, response_id) of the open stream
+        self._interrupted: set[tuple[int, str]] = set()
+
+    async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
+        if isinstance(message, CodecFrames):
+            await self._decode(message, emit)
+        elif isinstance(message, TurnDone):
+            key = (message.turn_id, message.response_id)
+            if self._stream is not None and self._stream_key == key and key not in self._interrupted:
+                await self._flush(message, emit)
+            self._close_stream()
+            self._interrupted.discard(key)
+            await emit("audio", message)
+
+    def on_control(self, control: Control) -> None:
+        if isinstance(control, Interrupt) and self._stream_key is not None:
+            turn_id, response_id = self._stream_key
+            everything = control.turn_id < 0 and not control.response_id
+            if everything or control.turn_id == turn_id or (control.response_id and control.response_id == response_id):
+                self._interrupted.add(self._stream_key)
+                self._close_stream()
+
+    async def close(self) -> None:
+        self._close_stream()
+
+    # ------------------------------------------------------------------
+
+    async def _decode(self, message: CodecFrames, emit: Emit) -> None:
+        key = (message.turn_id, message.response_id)
+        if key in self._interrupted:
+            return
+        if self._stream_key != key:
+            self._close_stream()
+            assert self.node.decoder is not None, "code2wav node not started"
+            self._stream = Code2WavStream(self.node.decoder, self.node.first_chunk_frames, self.node.chunk_frames)
+            self._stream_key = key
+        codes = torch.from_numpy(np.asarray(message.codes, dtype=np.int64).reshape(-1, self._quantizers()))
+        stream = self._stream
+        samples = await self.node.context.compute.run(stream.push, codes, message.final)
+        if stream is self._stream and key not in self._interrupted:  # not interrupted meanwhile
+            await self._emit_audio(samples, message, emit)
+
+    async def _flush(self, done: TurnDone, emit: Emit) -> None:
+        stream = self._stream
+        assert stream is not None
+        if stream.pending_frames:
+            empty = torch.empty((0, self._quantizers()), dtype=torch.long)
+            samples = await self.node.context.compute.run(stream.push, empty, True)
+            if stream is self._stream:
+                await self._emit_audio(samples, done, emit)
+
+    async def _emit_audio(self, samples: torch.Tensor, source: Message, emit: Emit) -> None:
+        if samples.numel() == 0:
+            return
+        audio = samples.detach().to(device="cpu", dtype=torch.float32).numpy()
+        await emit(
+            "audio",
+            AudioOut(
+                turn_id=source.turn_id,
+                media_ms=source.media_ms,
+                response_id=getattr(source, "response_id", ""),
+                samples=audio,
+                sample_rate=SAMPLE_RATE,
+            ),
+        )
+
+    def _quantizers(self) -> int:
+        assert self.node.decoder is not None
+        return int(self.node.decoder.code2wav.config.num_quantizers)
+
+    def _close_stream(self) -> None:
+        self._stream = None
+        self._stream_key = None

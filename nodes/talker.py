@@ -1,0 +1,225 @@
+"""Talker node: the thinker's reply tokens -> codec frames, streamed one frame at a time.
+
+    talker: {type: qwen3_omni.talker, params: {resource: omni, sampling: {do_sample: false},
+                                               voices: {alloy: ethan}, max_frames_per_token: 8,
+                                               max_reply_frames: 4096}}
+
+Input `hidden` (from the thinker), in order:
+  * a prompt chunk for every thinker prefill: `HiddenChunk(tensors={"prompt": True,
+    "mm_hidden": [n_mm, H] layer-`accept_hidden_layer` hidden states at the audio/image
+    positions, "image_grid_thw", "video_grid_thw", "audio_feature_lengths"}, token_ids=the
+    prefilled ids)`. The talker keeps the user turns' talker-space embeddings (`TalkerHistory`):
+    every later reply's prefill starts with them.
+  * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
+    as the thinker samples them. The first one may carry `tensors["voice"]` (or
+    `tensors["reply"]`, a `ReplyParams`); else the session config's `voice` is used.
+  * the reply's `TurnDone` (it also ends the reply's text).
+Output `codes`: one `CodecFrames` per frame as soon as it is computed, an empty
+`CodecFrames(final=True)` after the last one, then the `TurnDone` (with the frame count added to
+its usage as `output_audio_tokens`).
+
+The talker starts after the reply's first token and then needs one token of lookahead; it runs
+in its own task so the thinker's chunks never wait for it. Each frame is one call in the compute
+pool; an `Interrupt` makes the next frame not run (the talker stops within one frame).
+
+Voices: a voice names one of the checkpoint's speakers (case-insensitive), or an alias from the
+`voices` param; an unknown voice falls back to the default speaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
+from graph.node import Emit, Node, NodeSession, SessionInfo
+from graph.registry import register_node
+from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerLimits, TalkerModel, TalkerReply, TalkerSampling
+
+log = logging.getLogger(__name__)
+
+
+@register_node("qwen3_omni.talker")
+class TalkerNode(Node):
+    inputs = {"hidden": (HiddenChunk, TurnDone)}
+    outputs = {"codes": (CodecFrames, TurnDone)}
+
+    def __init__(self, name: str, params: dict[str, Any], context: Any):
+        super().__init__(name, params, context)
+        self.sampling = TalkerSampling.from_params(self.params.get("sampling"))
+        self.voices = {str(k).lower(): str(v).lower() for k, v in (self.params.get("voices") or {}).items()}
+        self.model: TalkerModel | None = None
+        self.omni: Any = None
+        self.limits = TalkerLimits()
+
+    async def start(self) -> None:
+        self.omni = self.context.resource(self.params.get("resource", "omni"))
+        if getattr(self.omni, "talker", None) is None:
+            raise ValueError("the checkpoint has no talker (audio output disabled)")
+        self.model = await self.context.compute.run(TalkerModel, self.omni.model)
+        bounds = getattr(self.omni, "bounds", None)
+        self.limits = TalkerLimits(
+            max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
+            max_frames_per_token=_optional_float(
+                self.params.get("max_frames_per_token", getattr(bounds, "max_frames_per_token", None))
+            ),
+        )
+
+    def open_session(self, session: SessionInfo) -> NodeSession:
+        return TalkerSession(self, session)
+
+    def speaker_for(self, voice: str | None) -> str:
+        """The checkpoint speaker a session/reply voice names (default speaker when unknown)."""
+        assert self.model is not None
+        if voice:
+            name = self.voices.get(voice.lower(), voice.lower())
+            if name in self.model.speakers:
+                return name
+            log.info("voice %r is not a speaker of this checkpoint; using %r", voice, self.model.default_speaker)
+        return self.model.default_speaker
+
+
+class TalkerSession(NodeSession):
+    node: TalkerNode
+
+    def __init__(self, node: TalkerNode, session: SessionInfo):
+        super().__init__(node, session)
+        assert node.model is not None, "talker node not started"
+        self.history = TalkerHistory(node.model)
+        self._reply: TalkerReply | None = None
+        self._reply_key: tuple[int, str] | None = None
+        self._speaking: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ inputs
+
+    async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
+        self._raise_if_failed()
+        if isinstance(message, HiddenChunk):
+            if message.tensors.get("prompt"):
+                await self._add_prompt(message)
+            else:
+                self._add_reply_tokens(message, emit)
+        elif isinstance(message, TurnDone):
+            await self._finish_reply(message, emit)
+
+    def on_control(self, control: Control) -> None:
+        if isinstance(control, Interrupt) and self._reply is not None and self._reply_key is not None:
+            turn_id, response_id = self._reply_key
+            everything = control.turn_id < 0 and not control.response_id
+            if everything or control.turn_id == turn_id or (control.response_id and control.response_id == response_id):
+                self._reply.cancel()
+                self._wake.set()
+
+    async def close(self) -> None:
+        if self._reply is not None:
+            self._reply.cancel()
+        if self._speaking is not None:
+            self._speaking.cancel()
+            await asyncio.gather(self._speaking, return_exceptions=True)
+
+    async def _add_prompt(self, chunk: HiddenChunk) -> None:
+        tensors = chunk.tensors
+        await self.node.context.compute.run(
+            lambda: self.history.add_prompt(
+                torch.as_tensor(chunk.token_ids, dtype=torch.long),
+                tensors.get("mm_hidden"),
+                image_grid_thw=tensors.get("image_grid_thw"),
+                video_grid_thw=tensors.get("video_grid_thw"),
+                audio_feature_lengths=tensors.get("audio_feature_lengths"),
+            )
+        )
+
+    def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
+        key = (chunk.turn_id, chunk.response_id)
+        if self._reply is None or self._reply_key != key:
+            if self._speaking is not None and not self._speaking.done():
+                raise RuntimeError("a new reply's tokens arrived before the previous reply's TurnDone")
+            self._start_reply(chunk, key, emit)
+        assert self._reply is not None
+        self.history.add_reply(list(chunk.token_ids))
+        if not self._reply.text_final:
+            self._reply.add_text(chunk.token_ids, final=chunk.final)
+        self._wake.set()
+
+    def _start_reply(self, chunk: HiddenChunk, key: tuple[int, str], emit: Emit) -> None:
+        node = self.node
+        assert node.model is not None
+        params = chunk.tensors.get("reply")
+        voice = chunk.tensors.get("voice")
+        sampling = node.sampling
+        if isinstance(params, ReplyParams):
+            voice = voice or params.voice
+            if params.sampling.get("seed") is not None:
+                sampling = dataclasses.replace(sampling, seed=int(params.sampling["seed"]))
+        voice = voice or self.session.config.get("voice")
+        header = self.history.assistant_header() or list(node.omni.tokens.assistant_header)
+        self._reply = TalkerReply(
+            node.model, self.history, header, speaker=node.speaker_for(voice), sampling=sampling, limits=node.limits
+        )
+        self._reply_key = key
+        self._wake.clear()
+        self._speaking = asyncio.get_running_loop().create_task(
+            self._speak(self._reply, chunk, emit), name=f"{self.session.session_id}:talker"
+        )
+
+    async def _finish_reply(self, done: TurnDone, emit: Emit) -> None:
+        reply = self._reply
+        if reply is not None and self._reply_key == (done.turn_id, done.response_id):
+            reply.add_text((), final=True)
+            self._wake.set()
+            if self._speaking is not None:
+                await self._speaking  # re-raises a failed frame: the session ends with an error
+            done.usage.output_audio_tokens += reply.frames
+            done.usage.output_tokens += reply.frames
+            self._reply = None
+            self._reply_key = None
+            self._speaking = None
+        await emit("codes", done)
+
+    # ------------------------------------------------------------------ frames
+
+    async def _speak(self, reply: TalkerReply, first: HiddenChunk, emit: Emit) -> None:
+        compute = self.node.context.compute
+        while not reply.finished:
+            if not reply.ready():
+                self._wake.clear()
+                if not reply.ready():
+                    await self._wake.wait()
+                continue
+            frame = await compute.run(reply.step)
+            if frame is None:
+                break
+            await emit(
+                "codes",
+                CodecFrames(
+                    turn_id=first.turn_id,
+                    response_id=first.response_id,
+                    media_ms=first.media_ms,
+                    codes=frame.numpy().reshape(1, -1),
+                ),
+            )
+        if reply.finish_reason != "cancelled":
+            empty = np.zeros((0, reply.talker.num_code_groups), dtype=np.int64)
+            await emit(
+                "codes",
+                CodecFrames(turn_id=first.turn_id, response_id=first.response_id, codes=empty, final=True),
+            )
+
+    def _raise_if_failed(self) -> None:
+        task = self._speaking
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
