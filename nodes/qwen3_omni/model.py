@@ -1,0 +1,275 @@
+"""Loading a Qwen3-Omni checkpoint: model, tokenizer, audio feature extractor, image processor.
+
+    omni = OmniModel.load(path=None, device="cpu", dtype="float32", max_seq_len=..., max_reply_tokens=...)
+
+`path=None` builds (once) and loads the tiny checkpoint (`checkpoint.ensure_tiny_checkpoint`).
+A directory is loaded with `local_files_only=True`; anything else is taken for a Hugging Face id
+that must already be in the local cache (run with `HF_HUB_OFFLINE=1`, nothing is downloaded).
+A missing or broken checkpoint raises `ModelLoadError` with one message that names the path.
+
+The same object is the graph resource `qwen3_omni.model` (registered below): every Qwen3-Omni
+node of a server shares it. It holds no per-session state.
+
+Inputs are built without `Qwen3OmniMoeProcessor` (it needs torchvision): audio goes through
+`WhisperFeatureExtractor` (128 mel bins, 16 kHz), images through `Qwen2VLImageProcessorPil`
+(PIL + numpy), both configured from the checkpoint's `preprocessor_config.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graph.registry import register_resource
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Defaults of the image processor when a checkpoint's preprocessor config leaves them out
+# (these are Qwen3-Omni's own values).
+_IMAGE_DEFAULTS = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 128 * 28 * 28,
+    "max_pixels": 16384 * 28 * 28,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+
+
+class ModelLoadError(RuntimeError):
+    """The checkpoint could not be loaded; the message says which path and why."""
+
+
+@dataclass(frozen=True)
+class ReplyBounds:
+    """Per-server bounds on a conversation and a reply (from the resource params).
+
+    max_seq_len: thinker context per session (tokens). A turn that does not fit fails with
+        `context_exhausted`; a reply that reaches it ends with finish reason `context_exhausted`.
+    max_reply_tokens: thinker tokens per reply. Random weights never emit EOS, so the tiny profile
+        sets this low (a reply of one to three seconds of audio); real checkpoints stop on EOS.
+    max_frames_per_token / max_reply_frames: talker bounds (read by the talker node): codec
+        frames per reply token after the text has ended, and per reply.
+    """
+
+    max_seq_len: int = 32768
+    max_reply_tokens: int = 2048
+    max_frames_per_token: int = 8
+    max_reply_frames: int = 4096
+
+
+@dataclass(frozen=True)
+class ChatTokens:
+    """Token ids of Qwen3-Omni's chat format, read from the checkpoint's config and tokenizer."""
+
+    im_start: int
+    im_end: int
+    newline: int
+    system: int
+    user: int
+    assistant: int
+    audio_start: int
+    audio_end: int
+    audio_pad: int
+    vision_start: int
+    vision_end: int
+    image_pad: int
+    video_pad: int
+    tts_bos: int
+    tts_eos: int
+    tts_pad: int
+    # A reply ends at any of these.
+    eos: frozenset[int] = field(default_factory=frozenset)
+    # Never part of a reply (placeholders, markers): masked out of sampling.
+    suppressed: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def assistant_header(self) -> list[int]:
+        """`<|im_start|>assistant\\n` — the three tokens that open a reply."""
+        return [self.im_start, self.assistant, self.newline]
+
+    @property
+    def closing(self) -> list[int]:
+        """`<|im_end|>\\n` — what closes any message in the history."""
+        return [self.im_end, self.newline]
+
+
+class OmniModel:
+    """A loaded Qwen3-Omni checkpoint with its tokenizer and input processors."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        feature_extractor: Any,
+        image_processor: Any,
+        *,
+        path: str,
+        bounds: ReplyBounds = ReplyBounds(),
+        system_prompt: str | None = None,
+    ):
+        self.model = model
+        self.config = model.config
+        self.thinker = model.thinker
+        self.talker = getattr(model, "talker", None)
+        self.code2wav = getattr(model, "code2wav", None)
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        self.image_processor = image_processor
+        self.path = path
+        self.bounds = bounds
+        self.system_prompt = system_prompt
+        self.tokens = _chat_tokens(model.config, tokenizer)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+
+    @property
+    def sample_rate_in(self) -> int:
+        return int(self.feature_extractor.sampling_rate)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        bounds: ReplyBounds = ReplyBounds(),
+        system_prompt: str | None = None,
+    ) -> OmniModel:
+        from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+        if path is None:
+            from nodes.qwen3_omni.checkpoint import DEFAULT_SYSTEM_PROMPT, ensure_tiny_checkpoint
+
+            path = ensure_tiny_checkpoint()
+            system_prompt = system_prompt if system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+        source = str(path)
+        is_dir = Path(source).is_dir()
+        if not is_dir and (Path(source).exists() or source.startswith((".", "/", "~")) or source.count("/") != 1):
+            raise ModelLoadError(f"cannot load Qwen3-Omni checkpoint {source!r}: no such directory")
+        if is_dir and not (Path(source) / "config.json").is_file():
+            raise ModelLoadError(f"cannot load Qwen3-Omni checkpoint {source!r}: config.json is missing")
+        common: dict[str, Any] = {"local_files_only": True} if is_dir else {}
+        try:
+            model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+                source,
+                dtype=DTYPES[dtype],
+                device_map=device if device != "cpu" else None,
+                **common,
+            )
+            model.eval()
+            tokenizer = AutoTokenizer.from_pretrained(source, **common)
+            preprocessor = _preprocessor_config(source, is_dir)
+            feature_extractor = WhisperFeatureExtractor(
+                feature_size=int(preprocessor.get("feature_size", 128)),
+                sampling_rate=int(preprocessor.get("sampling_rate", 16000)),
+                hop_length=int(preprocessor.get("hop_length", 160)),
+                chunk_length=int(preprocessor.get("chunk_length", 30)),
+                n_fft=int(preprocessor.get("n_fft", 400)),
+                padding_value=float(preprocessor.get("padding_value", 0.0)),
+                return_attention_mask=True,
+            )
+            image_kwargs = {k: preprocessor.get(k, v) for k, v in _IMAGE_DEFAULTS.items()}
+            image_processor = Qwen2VLImageProcessorPil(**image_kwargs)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one clear startup error, whatever broke
+            raise ModelLoadError(f"cannot load Qwen3-Omni checkpoint {source!r}: {type(exc).__name__}: {exc}") from exc
+        if device == "cpu":
+            model.to("cpu")
+        omni = cls(
+            model,
+            tokenizer,
+            feature_extractor,
+            image_processor,
+            path=source,
+            bounds=bounds,
+            system_prompt=system_prompt,
+        )
+        log.info("loaded Qwen3-Omni from %s on %s (%s)", source, omni.device, dtype)
+        return omni
+
+
+def _preprocessor_config(source: str, is_dir: bool) -> dict[str, Any]:
+    if is_dir:
+        file = Path(source) / "preprocessor_config.json"
+        return json.loads(file.read_text()) if file.is_file() else {}
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return json.loads(Path(hf_hub_download(source, "preprocessor_config.json", local_files_only=True)).read_text())
+    except Exception:  # noqa: BLE001 - defaults are Qwen3-Omni's own
+        return {}
+
+
+def _chat_tokens(config: Any, tokenizer: Any) -> ChatTokens:
+    def token(text: str) -> int:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ModelLoadError(f"the tokenizer has no {text!r} token")
+        return int(token_id)
+
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    if len(newline) != 1:
+        raise ModelLoadError("the tokenizer does not encode a newline as one token")
+    thinker = config.thinker_config
+    im_end = int(config.im_end_token_id)
+    eos = {im_end}
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(end_of_text, int) and end_of_text != tokenizer.unk_token_id:
+        eos.add(end_of_text)
+    special = {int(i) for i, added in tokenizer.added_tokens_decoder.items() if added.special}
+    vocab = thinker.text_config.vocab_size
+    return ChatTokens(
+        im_start=int(config.im_start_token_id),
+        im_end=im_end,
+        newline=newline[0],
+        system=int(config.system_token_id),
+        user=int(config.user_token_id),
+        assistant=int(config.assistant_token_id),
+        audio_start=int(thinker.audio_start_token_id),
+        audio_end=token("<|audio_end|>"),
+        audio_pad=int(thinker.audio_token_id),
+        vision_start=int(thinker.vision_start_token_id),
+        vision_end=token("<|vision_end|>"),
+        image_pad=int(thinker.image_token_id),
+        video_pad=int(thinker.video_token_id),
+        tts_bos=int(config.tts_bos_token_id),
+        tts_eos=int(config.tts_eos_token_id),
+        tts_pad=int(config.tts_pad_token_id),
+        eos=frozenset(eos),
+        suppressed=frozenset(i for i in special - eos if i < vocab),
+    )
+
+
+@register_resource("qwen3_omni.model")
+def load_omni_model(params: dict[str, Any]) -> OmniModel:
+    """Resource factory. params: path (None -> the tiny checkpoint), device (cpu|cuda), dtype
+    (float32|bfloat16|float16), system_prompt, and the `ReplyBounds` fields."""
+    bound_fields = set(ReplyBounds.__dataclass_fields__)
+    known = {"path", "device", "dtype", "system_prompt"} | bound_fields
+    unknown = set(params) - known
+    if unknown:
+        raise ModelLoadError(f"unknown qwen3_omni.model params: {', '.join(sorted(unknown))}")
+    bounds = ReplyBounds(**{k: int(v) for k, v in params.items() if k in bound_fields and v is not None})
+    return OmniModel.load(
+        params.get("path"),
+        device=str(params.get("device") or "cpu"),
+        dtype=str(params.get("dtype") or "float32"),
+        bounds=bounds,
+        system_prompt=params.get("system_prompt"),
+    )

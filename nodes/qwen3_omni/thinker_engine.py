@@ -1,0 +1,474 @@
+"""The thinker of one conversation, with its KV cache kept across turns (no graph, no transport).
+
+    session = ThinkerSession(omni, sampling=Sampling(temperature=0.0))
+    pre = session.prefill(encoded_turn)          # only this turn's tokens go through the model
+    while (step := session.decode_step()).finish_reason is None:
+        ...step.token_id, step.text...
+    usage = session.reply_usage()
+    session.truncate_reply(heard_tokens)         # forget the unheard rest of the last reply
+
+Invariants (what makes a second turn cost only its new tokens):
+- `context_ids` are exactly the tokens whose keys/values are in `cache`, in order; their text is
+  the canonical chat history, so prefilling it from scratch would give the same cache.
+- A reply's closing `<|im_end|>\\n` (and a last sampled token that was never fed) wait in
+  `pending` and are fed in front of the next turn's tokens: an unanswered reply never pays for
+  tokens nobody needs yet.
+- Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
+  follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
+  shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
+
+What the talker needs (see `TalkerUserPart`): for every user message, its token ids and the
+thinker's layer-`accept_hidden_layer` hidden states at its audio/image positions (captured at
+prefill; they cannot be recomputed later from the KV). Reply tokens reach the talker by id alone.
+
+Methods run in a compute thread, one at a time per session; `interrupt()` may be called from any
+thread and stops a reply before its next step. Errors that a client can act on are
+`ThinkerError`s with a `code` (`context_exhausted`, `no_reply`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.model import OmniModel
+
+# A reply must leave room for its closing `<|im_end|>\n`.
+_CLOSING_RESERVE = 2
+
+
+class ThinkerError(RuntimeError):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-session sampling. temperature 0 = greedy (the default)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | None) -> Sampling:
+        params = params or {}
+        return cls(
+            temperature=float(params.get("temperature") or 0.0),
+            top_p=float(params.get("top_p") or 1.0),
+            top_k=int(params.get("top_k") or 0),
+            seed=None if params.get("seed") is None else int(params["seed"]),
+        )
+
+
+@dataclass
+class TalkerUserPart:
+    """One user message as the talker sees it: all tokens from its `<|im_start|>` up to the next
+    message, and the accept-layer hidden states at its audio/image/video positions (in order)."""
+
+    token_ids: torch.Tensor  # [L] long
+    multimodal_mask: torch.Tensor  # [L] bool
+    multimodal_hidden: torch.Tensor  # [mask.sum(), thinker hidden]
+
+
+@dataclass
+class Prefill:
+    """What one `prefill` did."""
+
+    new_tokens: int  # tokens that went through the model (pending closing + this turn)
+    cached_tokens: int  # context reused from the cache (its length before this prefill)
+    context_tokens: int  # context length after
+    user_parts: list[TalkerUserPart] = field(default_factory=list)
+    reply_started: bool = False
+
+
+@dataclass
+class Step:
+    """One reply token. `finish_reason` set means the reply is over (`token_id` may then be None):
+    stop (EOS) | length (max_reply_tokens) | context_exhausted | interrupted."""
+
+    token_id: int | None
+    text: str
+    index: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class ReplyUsage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    input_text_tokens: int = 0
+    input_audio_tokens: int = 0
+    input_image_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class _Reply:
+    start: int  # index in context_ids of the first reply token
+    token_ids: list[int] = field(default_factory=list)
+    fed: int = 0  # reply tokens already in the cache
+    text: str = ""
+    finish_reason: str | None = None
+    usage: ReplyUsage = field(default_factory=ReplyUsage)
+    # Out-of-band replies roll the session back to this snapshot when they finish.
+    rollback: tuple[int, list[int], int, int, int] | None = None
+
+
+class ThinkerSession:
+    def __init__(self, omni: OmniModel, sampling: Sampling | None = None, max_seq_len: int | None = None,
+                 max_reply_tokens: int | None = None):
+        from transformers import DynamicCache
+
+        self.omni = omni
+        self.thinker = omni.thinker
+        self.tokens = omni.tokens
+        self.sampling = sampling or Sampling()
+        self.max_seq_len = int(max_seq_len or omni.bounds.max_seq_len)
+        self.max_reply_tokens = int(max_reply_tokens or omni.bounds.max_reply_tokens)
+        self.accept_layer = int(omni.config.talker_config.accept_hidden_layer) if omni.talker is not None else None
+        self.cache = DynamicCache(config=self.thinker.config.text_config)
+        self.context_ids: list[int] = []
+        self._positions_after: list[int] = []  # next rotary position after each context token
+        self.pending: list[int] = []
+        self.audio_tokens_in_context = 0
+        self.image_tokens_in_context = 0
+        self.tokens_forwarded = 0  # all tokens ever fed to the thinker (prefill + decode)
+        self.turns = 0
+        self._role = None  # role token of the message the context ends in
+        self._reply: _Reply | None = None
+        self._last_logits: torch.Tensor | None = None
+        self._interrupt = threading.Event()
+        self._generator: torch.Generator | None = None
+        if self.sampling.seed is not None:
+            self._generator = torch.Generator(device="cpu").manual_seed(self.sampling.seed)
+        vocab = self.thinker.config.text_config.vocab_size
+        self._suppress = torch.zeros(vocab, dtype=torch.bool)
+        self._suppress[list(self.tokens.suppressed)] = True
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def context_length(self) -> int:
+        return len(self.context_ids)
+
+    @property
+    def next_position(self) -> int:
+        return self._positions_after[-1] if self._positions_after else 0
+
+    @property
+    def replying(self) -> bool:
+        return self._reply is not None and self._reply.finish_reason is None
+
+    @property
+    def reply_token_ids(self) -> list[int]:
+        return list(self._reply.token_ids) if self._reply else []
+
+    def set_sampling(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._generator = None
+        if sampling.seed is not None:
+            self._generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+
+    # ------------------------------------------------------------------ turns
+
+    @torch.inference_mode()
+    def prefill(self, turn: dict[str, Any], *, reply: bool | None = None, out_of_band: bool = False) -> Prefill:
+        """Feed one turn (the `encode_turns` dict; `input_ids` = this turn's tokens only).
+
+        `reply` (default: the turn ends with the assistant header) starts a reply: `decode_step`
+        may follow. Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn
+        does not fit in `max_seq_len`.
+        """
+        ids = [int(i) for i in turn["input_ids"].tolist()]
+        if reply is None:
+            reply = ids[-3:] == self.tokens.assistant_header
+        if self.replying:
+            self.finish_reply("interrupted")
+        new_ids = self.pending + ids
+        needed = len(self.context_ids) + len(new_ids) + _CLOSING_RESERVE + (1 if reply else 0)
+        if needed > self.max_seq_len:
+            raise ThinkerError(
+                "context_exhausted",
+                f"the conversation needs {needed} tokens but this session's context holds {self.max_seq_len}",
+            )
+        snapshot = (len(self.context_ids), list(self.pending), self.audio_tokens_in_context,
+                    self.image_tokens_in_context, self.turns)
+        cached = len(self.context_ids)
+        embeds, deepstack, visual_mask = self._embed(new_ids, turn)
+        positions = self._positions(new_ids, turn)
+        user_mask, mm_mask = self._user_and_multimodal_masks(new_ids)
+        want_hidden = self.accept_layer is not None and bool((user_mask & mm_mask).any())
+        logits, hidden = self._forward(embeds, positions, deepstack, visual_mask, want_hidden)
+        self._append(new_ids, positions)
+        self.pending = []
+        self.audio_tokens_in_context += sum(1 for i in ids if i == self.tokens.audio_pad)
+        self.image_tokens_in_context += sum(1 for i in ids if i in (self.tokens.image_pad, self.tokens.video_pad))
+        self.turns += 1
+        self._last_logits = logits
+        result = Prefill(new_tokens=len(new_ids), cached_tokens=cached, context_tokens=len(self.context_ids))
+        if self.omni.talker is not None:
+            result.user_parts = self._talker_user_parts(new_ids, user_mask, mm_mask, hidden)
+        if reply:
+            self._interrupt.clear()
+            self._reply = _Reply(start=len(self.context_ids), rollback=snapshot if out_of_band else None)
+            audio, image = self.audio_tokens_in_context, self.image_tokens_in_context
+            self._reply.usage = ReplyUsage(
+                input_tokens=len(self.context_ids),
+                cached_tokens=cached,
+                input_audio_tokens=audio,
+                input_image_tokens=image,
+                input_text_tokens=len(self.context_ids) - audio - image,
+            )
+            result.reply_started = True
+        return result
+
+    @torch.inference_mode()
+    def decode_step(self) -> Step:
+        """Choose the next reply token and feed it. Stops within one step of `interrupt()`."""
+        reply = self._reply
+        if reply is None or reply.finish_reason is not None:
+            raise ThinkerError("no_reply", "no reply is in progress")
+        index = len(reply.token_ids)
+        if self._interrupt.is_set():
+            return self._finish_step(reply, "interrupted", index)
+        if len(self.context_ids) + 1 + _CLOSING_RESERVE > self.max_seq_len:
+            return self._finish_step(reply, "context_exhausted", index)
+        token = self._choose(self._last_logits)
+        if token in self.tokens.eos:
+            return self._finish_step(reply, "stop", index)
+        reply.token_ids.append(token)
+        text = self._new_text(reply)
+        if len(reply.token_ids) >= self.max_reply_tokens:
+            step = Step(token, text, index)
+            self._finish(reply, "length")
+            step.finish_reason = "length"
+            step.text += self._flush_text(reply)
+            return step
+        self._feed_reply_token(reply, token)
+        return Step(token, text, index)
+
+    def interrupt(self) -> None:
+        """Ask the running reply to stop before its next step (thread-safe, never blocks)."""
+        self._interrupt.set()
+
+    def finish_reply(self, reason: str = "interrupted") -> None:
+        """End the running reply now (e.g. on interrupt); it stays in the history as far as it got."""
+        if self.replying:
+            self._finish(self._reply, reason)
+
+    def reply_text(self) -> str:
+        return self._reply.text if self._reply else ""
+
+    def reply_usage(self) -> ReplyUsage:
+        if self._reply is None:
+            return ReplyUsage()
+        usage = ReplyUsage(**vars(self._reply.usage))
+        usage.output_tokens = len(self._reply.token_ids)
+        return usage
+
+    @torch.inference_mode()
+    def truncate_reply(self, heard_tokens: int) -> str:
+        """Keep only the first `heard_tokens` tokens of the last reply, in the history and the cache.
+
+        Returns the text that remains. The reply must be finished (interrupt it first).
+        """
+        reply = self._reply
+        if reply is None:
+            raise ThinkerError("no_reply", "there is no reply to truncate")
+        if reply.finish_reason is None:
+            self._finish(reply, "interrupted")
+        if reply.rollback is not None:
+            return reply.text  # an out-of-band reply left nothing in the history
+        keep = max(0, min(int(heard_tokens), len(reply.token_ids)))
+        if keep == len(reply.token_ids):
+            return reply.text
+        kept_in_cache = min(keep, reply.fed)
+        self._crop_to(reply.start + kept_in_cache)
+        reply.token_ids = reply.token_ids[:keep]
+        reply.fed = kept_in_cache
+        reply.text = self.omni.tokenizer.decode(reply.token_ids)
+        self.pending = reply.token_ids[kept_in_cache:] + self.tokens.closing
+        return reply.text
+
+    # ------------------------------------------------------------------ internals
+
+    def _finish_step(self, reply: _Reply, reason: str, index: int) -> Step:
+        self._finish(reply, reason)
+        return Step(None, self._flush_text(reply), index, reason)
+
+    def _finish(self, reply: _Reply, reason: str) -> None:
+        reply.finish_reason = reason
+        if reply.rollback is not None:
+            length, pending, audio, image, turns = reply.rollback
+            self._crop_to(length)
+            self.pending = pending
+            self.audio_tokens_in_context, self.image_tokens_in_context, self.turns = audio, image, turns
+            return
+        self.pending = reply.token_ids[reply.fed :] + self.tokens.closing
+
+    def _feed_reply_token(self, reply: _Reply, token: int) -> None:
+        position = self.next_position
+        embeds = self.thinker.get_input_embeddings()(torch.tensor([[token]], device=self.omni.device))
+        positions = torch.tensor([position], device=self.omni.device).view(1, 1, 1).expand(3, 1, 1)
+        logits, _ = self._forward(embeds, positions, None, None, False)
+        self._append([token], positions)
+        reply.fed += 1
+        self._last_logits = logits
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        logits = logits.float().cpu().masked_fill(self._suppress, float("-inf"))
+        s = self.sampling
+        if s.temperature <= 0:
+            return int(torch.argmax(logits))
+        logits = logits / s.temperature
+        if s.top_k > 0:
+            kth = torch.topk(logits, min(s.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if s.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > s.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self._generator))
+
+    def _new_text(self, reply: _Reply) -> str:
+        """The text the reply gained with its last token; holds back an incomplete UTF-8 sequence."""
+        full = self.omni.tokenizer.decode(reply.token_ids)
+        if full.endswith("\ufffd"):
+            return ""
+        piece = full[len(reply.text) :] if full.startswith(reply.text) else ""
+        reply.text = full
+        return piece
+
+    def _flush_text(self, reply: _Reply) -> str:
+        full = self.omni.tokenizer.decode(reply.token_ids)
+        piece = full[len(reply.text) :] if full.startswith(reply.text) else ""
+        reply.text = full
+        return piece
+
+    def _embed(self, ids: list[int], turn: dict[str, Any]):
+        device = self.omni.device
+        ids_t = torch.tensor([ids], device=device)
+        embeds = self.thinker.get_input_embeddings()(ids_t)
+        tok = self.tokens
+        audio_mask = ids_t == tok.audio_pad
+        if audio_mask.any():
+            audio = turn.get("audio_embeds")
+            if audio is None or audio.shape[0] != int(audio_mask.sum()):
+                raise ValueError("audio placeholders and audio embeddings do not match")
+            embeds = embeds.masked_scatter(audio_mask[..., None], audio.to(device, embeds.dtype))
+        image_mask = ids_t == tok.image_pad
+        deepstack, visual_mask = None, None
+        if image_mask.any():
+            image = turn.get("image_embeds")
+            if image is None or image.shape[0] != int(image_mask.sum()):
+                raise ValueError("image placeholders and image embeddings do not match")
+            embeds = embeds.masked_scatter(image_mask[..., None], image.to(device, embeds.dtype))
+            deepstack = [level.to(device, embeds.dtype) for level in turn.get("image_deepstack") or []]
+            visual_mask = image_mask
+        return embeds, deepstack or None, visual_mask
+
+    def _positions(self, ids: list[int], turn: dict[str, Any]) -> torch.Tensor:
+        """[3, 1, L] rotary positions of the new tokens, following the context's last position."""
+        device = self.omni.device
+        grid = turn.get("image_grid_thw")
+        if grid is None:
+            positions = torch.arange(len(ids), device=device).view(1, 1, -1).expand(3, 1, -1)
+        else:
+            lengths = turn.get("audio_feature_lengths")
+            positions, _ = self.thinker.model.get_rope_index(
+                torch.tensor([ids], device=device),
+                image_grid_thw=grid.to(device),
+                video_grid_thw=None,
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+                use_audio_in_video=False,
+                audio_seqlens=None if lengths is None else lengths.to(device),
+            )
+        return positions.long() + self.next_position
+
+    def _forward(self, embeds, positions, deepstack, visual_mask, want_hidden):
+        cached = self.cache.get_seq_length()
+        length = embeds.shape[1]
+        text_positions = torch.arange(cached, cached + length, device=embeds.device).view(1, 1, -1)
+        position_ids = torch.cat([text_positions, positions], dim=0)
+        out = self.thinker.model.language_model(
+            inputs_embeds=embeds,
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            deepstack_visual_embeds=deepstack,
+            visual_pos_masks=visual_mask,
+        )
+        self.tokens_forwarded += length
+        logits = self.thinker.lm_head(out.last_hidden_state[:, -1:, :])[0, -1]
+        hidden = out.hidden_states[self.accept_layer][0] if want_hidden else None
+        return logits, hidden
+
+    def _append(self, ids: list[int], positions: torch.Tensor) -> None:
+        ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
+        self.context_ids.extend(ids)
+        self._positions_after.extend(int(p) for p in ends.tolist())
+        self._role = self._role_after(ids, self._role)
+
+    def _crop_to(self, length: int) -> None:
+        drop = len(self.context_ids) - length
+        if drop > 0:
+            self.cache.crop(-drop)
+            del self.context_ids[length:]
+            del self._positions_after[length:]
+        self._role = self._role_after(self.context_ids, None)
+
+    def _role_after(self, ids: list[int], role: int | None) -> int | None:
+        for i, token in enumerate(ids):
+            if token == self.tokens.im_start and i + 1 < len(ids):
+                role = ids[i + 1]
+        return role
+
+    def _user_and_multimodal_masks(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which new tokens belong to a user message, and which are audio/image/video positions."""
+        tok = self.tokens
+        role = self._role
+        user = []
+        for i, token in enumerate(ids):
+            if token == tok.im_start:
+                role = ids[i + 1] if i + 1 < len(ids) else None
+            user.append(role == tok.user)
+        ids_t = torch.tensor(ids)
+        multimodal = (ids_t == tok.audio_pad) | (ids_t == tok.image_pad) | (ids_t == tok.video_pad)
+        return torch.tensor(user, dtype=torch.bool), multimodal
+
+    def _talker_user_parts(self, ids, user_mask, mm_mask, hidden) -> list[TalkerUserPart]:
+        spans: list[tuple[int, int]] = []
+        start = None
+        for i, token in enumerate(ids):
+            if not user_mask[i]:
+                if start is not None:
+                    spans.append((start, i))
+                start = None
+            elif start is None:
+                start = i
+            elif token == self.tokens.im_start:  # a user message right after another one
+                spans.append((start, i))
+                start = i
+        if start is not None:
+            spans.append((start, len(ids)))
+        ids_t = torch.tensor(ids)
+        parts = []
+        for start, end in spans:
+            mask = mm_mask[start:end]
+            if hidden is not None and mask.any():
+                mm_hidden = hidden[start:end][mask.to(hidden.device)]
+            else:
+                mm_hidden = torch.zeros(0, self.thinker.config.text_config.hidden_size, device=self.omni.device)
+            parts.append(TalkerUserPart(ids_t[start:end], mask, mm_hidden))
+        return parts
