@@ -1,0 +1,302 @@
+"""Dialog: turns the input stream into the conversation's turns.
+
+Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechStopped`,
+`ImageFrame`s and the transport's `Command`s. Output:
+- `turns`: `Turn`s for the model, each with a turn id this node allocates (the one counter of the
+  session, so controls can name a turn): user utterances (16 kHz float32 audio plus the newest
+  `max_utterance_frames` images that fell in it), client-created items, and reply requests;
+- `events`: `NodeEvent`s for the transport (`speech_started`, `speech_stopped`, `committed`,
+  `cleared`, `timeout_triggered`, `turn_queued`, `input_ended`, `error`).
+
+An utterance runs from speech start minus `prefix_padding_ms` to speech stop (server VAD), or
+is everything appended since the last commit/clear (manual mode, `turn_detection: null`).
+The reply side is the transport's decision: a committed utterance is a `Turn` without `reply`;
+the transport answers it with a `create_response` command when it wants a reply.
+
+Bounds, and what the client sees:
+- `max_utterance_seconds` (60): server VAD commits the utterance at the bound and ignores speech
+  until the next pause; manual mode stops buffering. Either way an `error` notice with code
+  `utterance_too_long` (the session stays usable).
+- `max_queued_turns` (8): replies waiting behind the one being answered. One more is refused
+  with `max_queued_turns_exceeded` (the utterance stays in the conversation, unanswered).
+- a commit of less than 100 ms of audio: `input_audio_buffer_commit_empty`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from typing import Any
+
+import numpy as np
+import soxr
+
+from graph.messages import (
+    AudioChunk,
+    Command,
+    Control,
+    ImageFrame,
+    Interrupt,
+    Message,
+    NodeEvent,
+    SpeechStarted,
+    SpeechStopped,
+    Turn,
+)
+from graph.node import Node, NodeSession, SessionInfo
+from graph.registry import register_node
+
+RATE = 16000
+MIN_COMMIT_MS = 100.0
+
+
+@register_node("dialog")
+class Dialog(Node):
+    inputs = {"events": (AudioChunk, SpeechStarted, SpeechStopped, ImageFrame, Command)}
+    outputs = {"turns": (Turn,), "events": (NodeEvent,)}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_utterance_seconds = float(self.params.get("max_utterance_seconds", 60))
+        self.max_queued_turns = int(self.params.get("max_queued_turns", 8))
+        self.max_utterance_frames = int(self.params.get("max_utterance_frames", 4))
+        self.open_sessions = 0
+
+    def open_session(self, session: SessionInfo) -> NodeSession:
+        self.open_sessions += 1
+        return DialogSession(self, session)
+
+
+class DialogSession(NodeSession):
+    node: Dialog
+
+    def __init__(self, node: Dialog, session: SessionInfo):
+        super().__init__(node, session)
+        self.turn_ids = 0
+        self.instructions: str | None = None
+        self.vad: dict[str, Any] | None = {}
+        self._configure(session.config)
+        # The prefix ring: the last `prefix_padding_ms` of audio before speech starts.
+        self.ring: deque[AudioChunk] = deque()
+        self.utterance: list[AudioChunk] = []
+        self.utterance_ms = 0.0
+        self.utterance_start_ms: float | None = None
+        self.item_id: str | None = None  # the user item the current utterance becomes
+        self.speaking = False
+        self.overflowed = False  # hit max_utterance_seconds; waiting for the speaker to pause
+        self.images: deque[ImageFrame] = deque(maxlen=max(node.max_utterance_frames, 1) * 4)
+        self.now_ms = 0.0  # end of the latest audio seen
+        self.idle_since_ms = 0.0
+        self.open_replies: set[str] = set()
+        self.cancelled: set[str] = set()
+
+    def _configure(self, config: dict[str, Any]) -> None:
+        if "instructions" in config:
+            self.instructions = config["instructions"] or None
+        if "turn_detection" in config:
+            self.vad = config["turn_detection"]
+
+    @property
+    def prefix_ms(self) -> float:
+        return float((self.vad or {}).get("prefix_padding_ms", 300))
+
+    # ------------------------------------------------------------------ input
+
+    async def on_message(self, stream: str, message: Message, emit) -> None:
+        if isinstance(message, AudioChunk):
+            await self._audio(message, emit)
+        elif isinstance(message, SpeechStarted):
+            await self._speech_started(message, emit)
+        elif isinstance(message, SpeechStopped):
+            if self.speaking and not self.overflowed:
+                await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": message.audio_end_ms, "item_id": self.item_id}))
+                await self._commit(emit, auto_reply=True, end_ms=message.audio_end_ms)
+            self.speaking = self.overflowed = False
+            self.idle_since_ms = message.audio_end_ms
+        elif isinstance(message, ImageFrame):
+            self.images.append(message)
+        elif isinstance(message, Command) and message.target == "dialog":
+            await self._command(message, emit)
+
+    async def _audio(self, chunk: AudioChunk, emit) -> None:
+        duration = len(chunk.samples) * 1000.0 / chunk.sample_rate
+        self.now_ms = chunk.media_ms + duration
+        if self.vad is None or self.speaking:
+            if self.overflowed:
+                return
+            if self.utterance_start_ms is None:
+                self.utterance_start_ms = chunk.media_ms
+            self.utterance.append(chunk)
+            self.utterance_ms += duration
+            if self.utterance_ms > self.node.max_utterance_seconds * 1000.0:
+                await self._too_long(emit)
+            return
+        self.ring.append(chunk)
+        while self.ring and self.ring[0].media_ms + self.prefix_ms < chunk.media_ms:
+            self.ring.popleft()
+        await self._idle_check(emit)
+
+    async def _speech_started(self, event: SpeechStarted, emit) -> None:
+        if self.vad is None or self.speaking:
+            return
+        self.speaking = True
+        start = max(0.0, event.audio_start_ms - self.prefix_ms)
+        self.utterance = [c for c in self.ring if c.media_ms + len(c.samples) * 1000.0 / RATE > start]
+        self.utterance_ms = sum(len(c.samples) for c in self.utterance) * 1000.0 / RATE
+        self.utterance_start_ms = self.utterance[0].media_ms if self.utterance else event.audio_start_ms
+        self.ring.clear()
+        self.item_id = _item_id()
+        await emit("events", NodeEvent(kind="speech_started", fields={"audio_start_ms": self.utterance_start_ms, "item_id": self.item_id}))
+
+    async def _too_long(self, emit) -> None:
+        limit = self.node.max_utterance_seconds
+        await self._error(emit, "utterance_too_long", f"An utterance may be at most {limit:g} s of audio; it was committed at the limit.")
+        if self.vad is None:
+            # Manual mode: keep what fits, drop the rest until the client commits or clears.
+            self.overflowed = True
+            return
+        await self._commit(emit, auto_reply=True)
+        self.overflowed = True
+
+    async def _idle_check(self, emit) -> None:
+        timeout = (self.vad or {}).get("idle_timeout_ms")
+        if not timeout or self.speaking or self.open_replies or self.now_ms - self.idle_since_ms < timeout:
+            return
+        item_id = _item_id()
+        await emit(
+            "events",
+            NodeEvent(kind="timeout_triggered", fields={"audio_start_ms": self.idle_since_ms, "audio_end_ms": self.now_ms, "item_id": item_id}),
+        )
+        self.item_id = item_id
+        self.idle_since_ms = self.now_ms
+        await self._commit(emit, auto_reply=True, allow_empty=True)
+
+    # ------------------------------------------------------------------ commands
+
+    async def _command(self, command: Command, emit) -> None:
+        args = command.args
+        if command.name == "configure":
+            was_manual = self.vad is None
+            self._configure(args)
+            if was_manual != (self.vad is None):
+                self._reset_utterance()
+        elif command.name == "commit":
+            await self._commit(emit, auto_reply=False)
+        elif command.name == "clear":
+            self._reset_utterance()
+            self.ring.clear()
+            self.speaking = False
+            await emit("events", NodeEvent(kind="cleared"))
+        elif command.name == "add_item":
+            audio = args.get("audio")
+            if audio is not None and args.get("sample_rate", RATE) != RATE:
+                audio = soxr.resample(np.asarray(audio, np.float32), args["sample_rate"], RATE, quality="HQ")
+            await emit(
+                "turns",
+                Turn(
+                    turn_id=self._next_turn(),
+                    item_id=args["item_id"],
+                    role=args["role"],
+                    text=args.get("text"),
+                    audio=audio,
+                    images=list(args.get("images", [])),
+                    instructions=self.instructions,
+                    media_ms=self.now_ms,
+                ),
+            )
+        elif command.name == "create_response":
+            await self._create_response(args["reply"], emit)
+        elif command.name == "reply_done":
+            self.open_replies.discard(args["response_id"])
+            self.cancelled.discard(args["response_id"])
+            self.idle_since_ms = self.now_ms
+        elif command.name == "input_end":
+            if self.utterance_ms > 0 and (self.speaking or self.vad is None):
+                if self.speaking:
+                    await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": self.now_ms, "item_id": self.item_id}))
+                await self._commit(emit, auto_reply=True)
+            self.speaking = False
+            await emit("events", NodeEvent(kind="input_ended", fields={"audio_end_ms": self.now_ms}))
+
+    async def _create_response(self, reply, emit) -> None:
+        if reply.response_id in self.cancelled:
+            return
+        if len(self.open_replies) > self.node.max_queued_turns:
+            await self._error(
+                emit,
+                "max_queued_turns_exceeded",
+                f"More than {self.node.max_queued_turns} turns are waiting for a reply; this one stays unanswered.",
+                response_id=reply.response_id,
+            )
+            return
+        self.open_replies.add(reply.response_id)
+        turn_id = self._next_turn()
+        await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions, media_ms=self.now_ms))
+        await emit("events", NodeEvent(kind="turn_queued", turn_id=turn_id, fields={"response_id": reply.response_id}))
+
+    async def _commit(self, emit, auto_reply: bool, end_ms: float | None = None, allow_empty: bool = False) -> None:
+        audio_ms = self.utterance_ms
+        if audio_ms < MIN_COMMIT_MS and not allow_empty:
+            await self._error(
+                emit,
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS:g}ms of audio, but buffer only has {audio_ms:.2f}ms of audio.",
+            )
+            return
+        start = self.utterance_start_ms if self.utterance_start_ms is not None else self.now_ms
+        end = end_ms if end_ms is not None else self.now_ms
+        audio = np.concatenate([c.samples for c in self.utterance]).astype(np.float32) if self.utterance else None
+        frames = [f for f in self.images if start - self.prefix_ms <= f.media_ms <= end][-self.node.max_utterance_frames :]
+        item_id = self.item_id or _item_id()
+        turn_id = self._next_turn()
+        await emit(
+            "turns",
+            Turn(
+                turn_id=turn_id,
+                item_id=item_id,
+                role="user",
+                audio=audio,
+                images=[f.image for f in frames],
+                instructions=self.instructions,
+                media_ms=start,
+            ),
+        )
+        await emit(
+            "events",
+            NodeEvent(
+                kind="committed",
+                turn_id=turn_id,
+                fields={"item_id": item_id, "audio_ms": audio_ms, "image_count": len(frames), "auto_reply": auto_reply},
+            ),
+        )
+        self._reset_utterance()
+
+    def _reset_utterance(self) -> None:
+        self.utterance = []
+        self.utterance_ms = 0.0
+        self.utterance_start_ms = None
+        self.item_id = None
+        self.overflowed = False
+
+    async def _error(self, emit, code: str, message: str, **fields: Any) -> None:
+        await emit("events", NodeEvent(kind="error", fields={"code": code, "message": message, **fields}))
+
+    def _next_turn(self) -> int:
+        self.turn_ids += 1
+        return self.turn_ids
+
+    def on_control(self, control: Control) -> None:
+        if isinstance(control, Interrupt) and control.response_id:
+            # A reply cancelled before its create_response command got here is never asked for.
+            if control.response_id not in self.open_replies:
+                self.cancelled.add(control.response_id)
+
+    async def close(self) -> None:
+        self.node.open_sessions -= 1
+        self._reset_utterance()
+        self.ring.clear()
+        self.images.clear()
+
+
+def _item_id() -> str:
+    return f"item_{secrets.token_hex(10)}"

@@ -1,0 +1,313 @@
+"""Client events of the realtime protocol: msgspec schemas and the one place they are validated.
+
+Names and shapes follow the OpenAI Realtime GA API (the `openai` SDK's `types/realtime` are the
+authority). Beta field names that clients still send are accepted and mapped onto GA ones in
+`session_config.py` (`modalities`, `voice`, `input_audio_format`, `turn_detection`...).
+Extensions for sglang-omni session clients live under `sglang` and in `sglang.*` events.
+
+`parse_client_event(text)` returns a typed event or raises `RealtimeError` with the code,
+message and `param` (a dotted path such as `session.audio.input.format.type`) a client can act on.
+Unknown fields are ignored (forward compatibility); unknown event types are an error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+
+class RealtimeError(Exception):
+    """An error event for the client. `fatal` errors end the session after the event is sent."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        param: str | None = None,
+        *,
+        type: str = "invalid_request_error",
+        event_id: str | None = None,
+        fatal: bool = False,
+    ):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.type = type
+        self.event_id = event_id
+        self.fatal = fatal
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type, "code": self.code, "message": self.message, "param": self.param, "event_id": self.event_id}
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+class AudioFormatParam(msgspec.Struct, kw_only=True):
+    # Validated in session_config (unsupported values get code `unsupported_audio_format`).
+    type: str | None = None
+    rate: int | None = None
+
+
+class TurnDetectionParam(msgspec.Struct, kw_only=True):
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    idle_timeout_ms: int | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+
+class AudioInputParam(msgspec.Struct, kw_only=True):
+    format: AudioFormatParam | str | UnsetType = UNSET
+    turn_detection: TurnDetectionParam | None | UnsetType = UNSET
+    transcription: Any = UNSET
+    noise_reduction: Any = UNSET
+
+
+class VoiceIdParam(msgspec.Struct, kw_only=True):
+    id: str
+
+
+class AudioOutputParam(msgspec.Struct, kw_only=True):
+    format: AudioFormatParam | str | UnsetType = UNSET
+    voice: str | VoiceIdParam | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+
+
+class AudioParam(msgspec.Struct, kw_only=True):
+    input: AudioInputParam | UnsetType = UNSET
+    output: AudioOutputParam | UnsetType = UNSET
+
+
+class SamplingParam(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Sampling extensions (`session.sglang`), as the sglang-omni session profile names them."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    talker_temperature: float | None = None
+    talker_top_p: float | None = None
+    talker_top_k: int | None = None
+    talker_repetition_penalty: float | None = None
+    talker_max_new_tokens: int | None = None
+
+
+Modality = Literal["text", "audio"]
+
+
+class SessionParam(msgspec.Struct, kw_only=True):
+    type: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    instructions: str | UnsetType = UNSET
+    output_modalities: list[Modality] | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    audio: AudioParam | UnsetType = UNSET
+    sglang: SamplingParam | UnsetType = UNSET
+    tools: list[Any] | UnsetType = UNSET
+    # beta aliases
+    modalities: list[Modality] | UnsetType = UNSET
+    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    input_audio_format: str | UnsetType = UNSET
+    output_audio_format: str | UnsetType = UNSET
+    turn_detection: TurnDetectionParam | None | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
+
+
+class ContentParam(msgspec.Struct, kw_only=True):
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"]
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+    image_url: str | None = None
+    detail: str | None = None
+
+
+class ItemParam(msgspec.Struct, kw_only=True):
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    id: str | None = None
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentParam] = []
+    status: str | None = None
+    call_id: str | None = None
+    output: str | None = None
+
+
+class ResponseAudioOutputParam(msgspec.Struct, kw_only=True):
+    format: AudioFormatParam | str | UnsetType = UNSET
+    voice: str | VoiceIdParam | UnsetType = UNSET
+
+
+class ResponseAudioParam(msgspec.Struct, kw_only=True):
+    output: ResponseAudioOutputParam | UnsetType = UNSET
+
+
+class ResponseParam(msgspec.Struct, kw_only=True):
+    output_modalities: list[Modality] | UnsetType = UNSET
+    instructions: str | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    conversation: str | UnsetType = UNSET
+    metadata: dict[str, str] | None | UnsetType = UNSET
+    audio: ResponseAudioParam | UnsetType = UNSET
+    input: list[Any] | UnsetType = UNSET
+    sglang: SamplingParam | UnsetType = UNSET
+    # beta aliases
+    modalities: list[Modality] | UnsetType = UNSET
+    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
+
+
+class AppendExtension(msgspec.Struct, kw_only=True):
+    """sglang-omni clients number their appends: `seq` contiguous from 0, acknowledged one by one."""
+
+    seq: int | None = None
+    t_start_ms: float | None = None
+
+
+class ImageExtension(msgspec.Struct, kw_only=True):
+    t_ms: float | None = None
+
+
+# --------------------------------------------------------------------------- client events
+
+
+class ClientEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str | None = None
+
+
+class SessionUpdate(ClientEvent, tag="session.update"):
+    session: SessionParam
+
+
+class InputAudioBufferAppend(ClientEvent, tag="input_audio_buffer.append"):
+    audio: str
+    sglang: AppendExtension | None = None
+
+
+class InputAudioBufferCommit(ClientEvent, tag="input_audio_buffer.commit"):
+    pass
+
+
+class InputAudioBufferClear(ClientEvent, tag="input_audio_buffer.clear"):
+    pass
+
+
+class OutputAudioBufferClear(ClientEvent, tag="output_audio_buffer.clear"):
+    response_id: str | None = None
+
+
+class ConversationItemCreate(ClientEvent, tag="conversation.item.create"):
+    item: ItemParam
+    previous_item_id: str | None = None
+
+
+class ConversationItemTruncate(ClientEvent, tag="conversation.item.truncate"):
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+
+class ConversationItemDelete(ClientEvent, tag="conversation.item.delete"):
+    item_id: str
+
+
+class ConversationItemRetrieve(ClientEvent, tag="conversation.item.retrieve"):
+    item_id: str
+
+
+class ResponseCreate(ClientEvent, tag="response.create"):
+    response: ResponseParam | None = None
+
+
+class ResponseCancel(ClientEvent, tag="response.cancel"):
+    response_id: str | None = None
+
+
+class InputImageAppend(ClientEvent, tag="sglang.input_image.append"):
+    image: str
+    sglang: ImageExtension | None = None
+
+
+class InputAudioEnd(ClientEvent, tag="sglang.input_audio.end"):
+    pass
+
+
+AnyClientEvent = (
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | OutputAudioBufferClear
+    | ConversationItemCreate
+    | ConversationItemTruncate
+    | ConversationItemDelete
+    | ConversationItemRetrieve
+    | ResponseCreate
+    | ResponseCancel
+    | InputImageAppend
+    | InputAudioEnd
+)
+
+EVENT_TYPES: frozenset[str] = frozenset(
+    cls.__struct_config__.tag  # type: ignore[attr-defined]
+    for cls in AnyClientEvent.__args__  # type: ignore[attr-defined]
+)
+
+_json = msgspec.json.Decoder()
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+
+
+def _path(path: str) -> str:
+    # msgspec writes `$.item.content[0].type`; clients know the dotted form without `$`.
+    return path.replace("`", "")
+
+
+def parse_client_event(text: str | bytes) -> ClientEvent:
+    """JSON text -> typed client event, or `RealtimeError` naming what is wrong."""
+    try:
+        raw = _json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise RealtimeError("invalid_json", f"The event is not valid JSON: {exc}.") from None
+    if not isinstance(raw, dict):
+        raise RealtimeError("invalid_json", "An event must be a JSON object.")
+    event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+    kind = raw.get("type")
+    if not isinstance(kind, str):
+        raise RealtimeError("missing_required_parameter", "The event has no string `type`.", "type", event_id=event_id)
+    if kind not in EVENT_TYPES:
+        raise RealtimeError(
+            "unknown_event_type",
+            f"Unknown event type {kind!r}. Supported: {', '.join(sorted(EVENT_TYPES))}.",
+            "type",
+            event_id=event_id,
+        )
+    try:
+        return msgspec.convert(raw, AnyClientEvent)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc), kind, event_id) from None
+
+
+def _validation_error(text: str, kind: str, event_id: str | None) -> RealtimeError:
+    at = _AT.search(text)
+    path = _path(at.group("path")) if at else ""
+    detail = _AT.sub("", text)
+    missing = _MISSING.search(detail)
+    if missing:
+        param = f"{path}.{missing.group('field')}" if path else missing.group("field")
+        return RealtimeError(
+            "missing_required_parameter", f"{kind}: missing required parameter `{param}`.", param, event_id=event_id
+        )
+    code = "invalid_type" if detail.startswith("Expected") else "invalid_value"
+    return RealtimeError(code, f"{kind}: {detail} at `{path}`.", path or None, event_id=event_id)

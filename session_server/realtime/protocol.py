@@ -1,0 +1,672 @@
+"""The realtime protocol as one transport-free state machine (sans-I/O).
+
+A transport adapter (WebSocket today, a WebRTC data channel next) feeds it what arrives:
+
+    protocol.receive_text(text)        a client event (JSON text)
+    protocol.receive_binary(data)      a binary frame (rejected: the protocol is JSON)
+    protocol.graph_output(message)     a message from the session graph's outputs
+    protocol.session_ended(...)        the graph session ended (idle, error, shutdown)
+    protocol.close(reason)             the transport is going away
+
+and gets back a list of actions to carry out, in order: `SendEvent` (a server event for the
+client), `SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
+in order), `ControlGraph` (an Interrupt/Truncate that overtakes data) and `CloseSession`.
+Nothing here awaits or touches a socket, so both transports share every rule below.
+
+Who decides what:
+- the `dialog` node owns utterances (VAD turns, commits, clears) and turn ids; it reports them
+  as `NodeEvent`s (`speech_started`, `committed`, `turn_queued`...);
+- this protocol owns the conversation (items, `previous_item_id` links), responses and their
+  lifecycle, barge-in (a `speech_started` during a reply cancels it when `interrupt_response`),
+  and every client-facing error.
+
+States. The session is OPEN until `session.closed` has been queued, then CLOSED: nothing is
+accepted or sent after that. A response goes QUEUED -> IN_PROGRESS -> DONE (or QUEUED -> DONE
+when dropped); `_advance` is the one place that changes it. At most one response is IN_PROGRESS;
+server-VAD turns that finish while one is speaking wait QUEUED behind it (their graph output is
+held until they start). Every method runs to completion without awaiting, so state checks and
+updates cannot interleave.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import itertools
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph.messages import (
+    AudioChunk,
+    AudioOut,
+    Command,
+    Control,
+    ImageFrame,
+    Interrupt,
+    Message,
+    NodeEvent,
+    ReplyParams,
+    TextDelta,
+    Truncate,
+    TurnDone,
+    Usage,
+)
+from session_server.realtime import events as ev
+from session_server.realtime.audio_formats import OddByteCount, OutputEncoder, decode
+from session_server.realtime.events import RealtimeError
+from session_server.realtime.session_config import ResponseSettings, SessionConfig, apply_update, response_settings
+
+# Largest base64 payload of one append or image, as sent (OpenAI's limit is 15 MiB per append).
+MAX_APPEND_CHARS = 15 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SendEvent:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SendToGraph:
+    message: Message
+    input: str = "audio"
+
+
+@dataclass(frozen=True)
+class ControlGraph:
+    control: Control
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    code: int
+    reason: str
+
+
+Action = SendEvent | SendToGraph | ControlGraph | CloseSession
+
+# WebSocket close codes the adapters use.
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1011, 1013
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class ResponseState(enum.Enum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    DONE = "done"
+
+
+_TRANSITIONS = {
+    ResponseState.QUEUED: {ResponseState.IN_PROGRESS, ResponseState.DONE},
+    ResponseState.IN_PROGRESS: {ResponseState.DONE},
+    ResponseState.DONE: set(),
+}
+
+
+@dataclass
+class Item:
+    id: str
+    role: str
+    content: list[dict[str, Any]]
+    status: str = "completed"
+    response_id: str | None = None
+    audio_ms: float = 0.0  # assistant audio sent to the client
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status, "role": self.role, "content": self.content}
+
+
+@dataclass
+class Response:
+    id: str
+    settings: ResponseSettings
+    state: ResponseState = ResponseState.QUEUED
+    turn_id: int = -1
+    item: Item | None = None
+    text: list[str] = field(default_factory=list)
+    encoder: OutputEncoder | None = None
+    output_tokens: int = 0
+    held: list[Message] = field(default_factory=list)  # graph output that arrived while QUEUED
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.settings.output_modalities
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "total_tokens": usage.total_tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "input_token_details": {
+            "text_tokens": usage.input_text_tokens,
+            "audio_tokens": usage.input_audio_tokens,
+            "image_tokens": usage.input_image_tokens,
+            "cached_tokens": usage.cached_tokens,
+        },
+        "output_token_details": {"text_tokens": usage.output_text_tokens, "audio_tokens": usage.output_audio_tokens},
+    }
+
+
+class RealtimeProtocol:
+    def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS):
+        self.session_id = session_id
+        self.state = SessionState.OPEN
+        self.config = SessionConfig(model=model)
+        self.max_append_chars = max_append_chars
+        self.items: dict[str, Item] = {}  # the conversation, in order
+        self.responses: dict[str, Response] = {}  # QUEUED and IN_PROGRESS, in order
+        self.close_reason: str | None = None
+        self._done: deque[str] = deque(maxlen=64)  # recently finished response ids (late graph output is dropped)
+        self._by_turn: dict[int, str] = {}
+        self._event_ids = itertools.count(1)
+        self._out: list[Action] = []
+        self._input_ms = 0.0  # the input audio timeline: ms of audio appended so far
+        self._next_seq = 0
+        self._turns_processed = False
+        self._audio_produced = False
+        self._input_ended = False  # sglang.input_audio.end received
+        self._ended_acknowledged = False
+        self._drained_sent = False
+
+    # ------------------------------------------------------------------ entry points
+
+    def graph_config(self) -> dict[str, Any]:
+        """The session config nodes start with (`SessionInfo.config`)."""
+        return self.config.to_graph()
+
+    def open(self) -> list[Action]:
+        self._send("session.created", session=self.config.to_wire(self.session_id))
+        return self._flush()
+
+    def reject(self, code: str, message: str) -> list[Action]:
+        """The graph refused the session (e.g. `session_limit_reached`)."""
+        self._error(RealtimeError(code, message, type="server_error" if code != "session_limit_reached" else "invalid_request_error"))
+        return self._closing(code, CLOSE_TRY_AGAIN)
+
+    def receive_text(self, text: str | bytes) -> list[Action]:
+        if self.state is SessionState.CLOSED:
+            return []
+        try:
+            event = ev.parse_client_event(text)
+            self._handle(event)
+        except RealtimeError as error:
+            self._error(error)
+            if error.fatal:
+                self._closing(error.code, CLOSE_POLICY)
+        return self._flush()
+
+    def receive_binary(self, data: bytes) -> list[Action]:
+        if self.state is SessionState.CLOSED:
+            return []
+        self._error(RealtimeError("binary_frames_unsupported", "Binary frames are not part of this protocol; send JSON text events (audio as base64)."))
+        return self._flush()
+
+    def graph_output(self, message: Message) -> list[Action]:
+        if self.state is SessionState.CLOSED:
+            return []
+        if isinstance(message, NodeEvent):
+            self._node_event(message)
+        elif isinstance(message, (TextDelta, AudioOut, TurnDone)):
+            response = self._response_for(message)
+            if response is not None:
+                if response.state is ResponseState.QUEUED:
+                    response.held.append(message)
+                else:
+                    self._reply_output(response, message)
+        return self._flush()
+
+    def session_ended(self, reason: str, error: tuple[str, str] | None = None) -> list[Action]:
+        if self.state is SessionState.CLOSED:
+            return []
+        for response in reversed(list(self.responses.values())):  # queued first: none starts meanwhile
+            self._finish(response, "failed" if error else "cancelled", reason="session_ended" if not error else None, error=error)
+        if error is not None:
+            self._error(RealtimeError(error[0], error[1], type="server_error"))
+        code = CLOSE_INTERNAL if error else CLOSE_GOING_AWAY if reason == "server_shutdown" else CLOSE_NORMAL
+        return self._closing(reason, code)
+
+    def close(self, reason: str, code: int = CLOSE_NORMAL) -> list[Action]:
+        """The transport ends the session (client gone, output buffer full...)."""
+        if self.state is SessionState.CLOSED:
+            return []
+        return self._closing(reason, code)
+
+    # ------------------------------------------------------------------ client events
+
+    def _handle(self, event: ev.ClientEvent) -> None:
+        try:
+            handler = getattr(self, "_on_" + type(event).__name__)
+            handler(event)
+        except RealtimeError as error:
+            error.event_id = event.event_id
+            raise
+
+    def _on_SessionUpdate(self, event: ev.SessionUpdate) -> None:
+        self.config = apply_update(self.config, event.session, turns_processed=self._turns_processed, audio_produced=self._audio_produced)
+        graph = self.config.to_graph()
+        self._to_graph(Command(target="silero_vad", name="configure", args=graph))
+        self._to_graph(Command(target="dialog", name="configure", args=graph))
+        self._send("session.updated", session=self.config.to_wire(self.session_id))
+
+    def _on_InputAudioBufferAppend(self, event: ev.InputAudioBufferAppend) -> None:
+        seq = event.sglang.seq if event.sglang is not None else None
+        if self._input_ended:
+            raise RealtimeError("input_audio_ended", "Input audio was ended with sglang.input_audio.end; no more appends are accepted.", "audio")
+        if len(event.audio) > self.max_append_chars:
+            raise RealtimeError(
+                "input_audio_buffer_append_too_large",
+                f"One append may carry at most {self.max_append_chars} characters of base64 audio; send smaller chunks.",
+                "audio",
+            )
+        if seq is not None and seq != self._next_seq:
+            raise RealtimeError("invalid_seq", f"sglang.seq must be contiguous from 0: expected {self._next_seq}, got {seq}.", "sglang.seq")
+        data = self._b64(event.audio, "audio")
+        fmt = self.config.input_format
+        try:
+            samples = decode(data, fmt)
+        except OddByteCount as exc:
+            raise RealtimeError("invalid_audio", str(exc), "audio") from None
+        if len(samples):
+            self._to_graph(AudioChunk(samples=samples, sample_rate=fmt.rate, media_ms=self._input_ms))
+            self._input_ms += len(samples) * 1000.0 / fmt.rate
+        if seq is not None:
+            self._next_seq += 1
+            self._send("sglang.input_audio.accepted", seq=seq, accepted_end_ms=round(self._input_ms, 3))
+
+    def _on_InputAudioBufferCommit(self, event: ev.InputAudioBufferCommit) -> None:
+        self._to_graph(Command(target="dialog", name="commit"))
+
+    def _on_InputAudioBufferClear(self, event: ev.InputAudioBufferClear) -> None:
+        self._to_graph(Command(target="dialog", name="clear"))
+
+    def _on_OutputAudioBufferClear(self, event: ev.OutputAudioBufferClear) -> None:
+        active = self._active()
+        if active is None:
+            raise RealtimeError("response_cancel_not_active", "There is no reply audio to clear.")
+        self._cancel(active, "client_cancelled")
+        self._send("output_audio_buffer.cleared", response_id=active.id)
+
+    def _on_ConversationItemCreate(self, event: ev.ConversationItemCreate) -> None:
+        item = event.item
+        if item.type != "message":
+            raise RealtimeError("unsupported", f"Items of type {item.type!r} are not supported yet (no function tools).", "item.type")
+        if item.role is None:
+            raise RealtimeError("missing_required_parameter", "A message item needs a `role`.", "item.role")
+        if item.id is not None and item.id in self.items:
+            raise RealtimeError("invalid_value", f"Item id {item.id!r} already exists in the conversation.", "item.id")
+        last = next(reversed(self.items), None)
+        if event.previous_item_id not in (None, last):
+            raise RealtimeError("unsupported", "Items can only be appended at the end of the conversation.", "previous_item_id")
+        args, content = self._item_content(item)
+        item_id = item.id or _new_id("item")
+        self._to_graph(Command(target="dialog", name="add_item", args={"item_id": item_id, "role": item.role, **args}))
+        self._turns_processed = True
+        self._add_item(Item(item_id, item.role, content))
+
+    def _on_ConversationItemTruncate(self, event: ev.ConversationItemTruncate) -> None:
+        item = self._item(event.item_id)
+        if item.role != "assistant" or item.response_id is None:
+            raise RealtimeError("invalid_value", "Only assistant audio items can be truncated.", "item_id")
+        if event.content_index != 0:
+            raise RealtimeError("invalid_value", "An assistant item has one content part (content_index 0).", "content_index")
+        if event.audio_end_ms < 0 or event.audio_end_ms > item.audio_ms + 1:
+            raise RealtimeError(
+                "invalid_value",
+                f"audio_end_ms {event.audio_end_ms} is outside the item's {item.audio_ms:.0f} ms of audio.",
+                "audio_end_ms",
+            )
+        response = self.responses.get(item.response_id)
+        if response is not None:
+            self._cancel(response, "client_cancelled")
+        turn_id = next((t for t, r in self._by_turn.items() if r == item.response_id), -1)
+        self._control(Truncate(turn_id=turn_id, response_id=item.response_id, item_id=item.id, audio_end_ms=float(event.audio_end_ms)))
+        # What the listener did not hear is forgotten, transcript included (as in GA).
+        for part in item.content:
+            if "transcript" in part:
+                part["transcript"] = ""
+        item.audio_ms = float(event.audio_end_ms)
+        self._send("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
+
+    def _on_ConversationItemDelete(self, event: ev.ConversationItemDelete) -> None:
+        self._item(event.item_id)
+        del self.items[event.item_id]
+        self._send("conversation.item.deleted", item_id=event.item_id)
+
+    def _on_ConversationItemRetrieve(self, event: ev.ConversationItemRetrieve) -> None:
+        self._send("conversation.item.retrieved", item=self._item(event.item_id).to_wire())
+
+    def _on_ResponseCreate(self, event: ev.ResponseCreate) -> None:
+        if self.responses:
+            raise RealtimeError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {next(iter(self.responses))}. Wait for response.done.",
+            )
+        settings = response_settings(self.config, event.response)
+        self._create_response(settings)
+
+    def _on_ResponseCancel(self, event: ev.ResponseCancel) -> None:
+        active = self._active()
+        if active is None or (event.response_id and event.response_id != active.id):
+            raise RealtimeError("response_cancel_not_active", "Cancellation failed: no active response found.", "response_id" if event.response_id else None)
+        self._cancel(active, "client_cancelled")
+
+    def _on_InputImageAppend(self, event: ev.InputImageAppend) -> None:
+        if len(event.image) > self.max_append_chars:
+            raise RealtimeError("image_too_large", f"An image may be at most {self.max_append_chars} base64 characters.", "image")
+        data = self._b64(event.image, "image")
+        if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
+            raise RealtimeError("invalid_image", "The image must be a JPEG or PNG.", "image")
+        t_ms = event.sglang.t_ms if event.sglang is not None and event.sglang.t_ms is not None else self._input_ms
+        self._to_graph(ImageFrame(image=data, media_ms=float(t_ms)))
+        self._send("sglang.input_image.accepted", t_ms=t_ms)
+
+    def _on_InputAudioEnd(self, event: ev.InputAudioEnd) -> None:
+        if self._input_ended:
+            raise RealtimeError("input_audio_ended", "Input audio was already ended.")
+        self._input_ended = True
+        self._to_graph(Command(target="dialog", name="input_end"))
+
+    # ------------------------------------------------------------------ graph output
+
+    def _node_event(self, event: NodeEvent) -> None:
+        fields = event.fields
+        kind = event.kind
+        if kind == "speech_started":
+            self._send("input_audio_buffer.speech_started", audio_start_ms=int(fields["audio_start_ms"]), item_id=fields["item_id"])
+            detection = self.config.turn_detection
+            active = self._active()
+            if active is not None and detection is not None and detection.interrupt_response:
+                self._cancel(active, "turn_detected")
+        elif kind == "speech_stopped":
+            self._send("input_audio_buffer.speech_stopped", audio_end_ms=int(fields["audio_end_ms"]), item_id=fields["item_id"])
+        elif kind == "timeout_triggered":
+            self._send(
+                "input_audio_buffer.timeout_triggered",
+                audio_start_ms=int(fields["audio_start_ms"]),
+                audio_end_ms=int(fields["audio_end_ms"]),
+                item_id=fields["item_id"],
+            )
+        elif kind == "committed":
+            self._committed(fields)
+        elif kind == "cleared":
+            self._send("input_audio_buffer.cleared")
+        elif kind == "turn_queued":
+            response_id = fields["response_id"]
+            self._by_turn[event.turn_id] = response_id
+            if response_id in self.responses:
+                self.responses[response_id].turn_id = event.turn_id
+        elif kind == "input_ended":
+            self._ended_acknowledged = True
+            self._send("sglang.input_audio.ended", audio_end_ms=round(self._input_ms, 3))
+            self._maybe_drained()
+        elif kind == "error":
+            dropped = self.responses.get(fields.get("response_id") or "")
+            if dropped is not None and dropped.state is ResponseState.QUEUED:
+                self._advance(dropped, ResponseState.DONE)
+            self._error(RealtimeError(fields["code"], fields["message"], fields.get("param")))
+
+    def _committed(self, fields: dict[str, Any]) -> None:
+        item_id = fields["item_id"]
+        previous = next(reversed(self.items), None)
+        self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
+        content: list[dict[str, Any]] = [{"type": "input_audio", "transcript": None}]
+        content += [{"type": "input_image", "image_url": None}] * int(fields.get("image_count", 0))
+        self._turns_processed = True
+        self._add_item(Item(item_id, "user", content))
+        detection = self.config.turn_detection
+        if fields.get("auto_reply") and (detection is None or detection.create_response):
+            self._create_response(response_settings(self.config, None))
+
+    def _reply_output(self, response: Response, message: Message) -> None:
+        if response.state is not ResponseState.IN_PROGRESS:
+            return
+        assert response.item is not None
+        if isinstance(message, TextDelta):
+            response.text.append(message.text)
+            response.output_tokens += len(message.token_ids)
+            kind = "response.output_audio_transcript.delta" if response.audio else "response.output_text.delta"
+            self._send(kind, **self._part_ref(response), delta=message.text)
+        elif isinstance(message, AudioOut):
+            if not response.audio or response.encoder is None:
+                return
+            data = response.encoder.encode(message.samples, message.sample_rate)
+            response.item.audio_ms = response.encoder.duration_ms
+            self._audio_produced = True
+            self._send("response.output_audio.delta", **self._part_ref(response), delta=base64.b64encode(data).decode("ascii"))
+        elif isinstance(message, TurnDone):
+            self._finish(response, message.status, reason=message.reason, usage=message.usage, transcript=message.transcript)
+
+    # ------------------------------------------------------------------ responses
+
+    def _create_response(self, settings: ResponseSettings) -> None:
+        response = Response(_new_id("resp"), settings)
+        self.responses[response.id] = response
+        reply = ReplyParams(
+            response_id=response.id,
+            output_modalities=settings.output_modalities,
+            instructions=settings.instructions,
+            max_output_tokens=settings.max_output_tokens,
+            voice=settings.voice,
+            out_of_band=settings.out_of_band,
+            sampling=settings.sampling,
+        )
+        self._turns_processed = True
+        self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}))
+        if self._active() is None:
+            self._start(response)
+
+    def _active(self) -> Response | None:
+        return next((r for r in self.responses.values() if r.state is ResponseState.IN_PROGRESS), None)
+
+    def _advance(self, response: Response, state: ResponseState) -> None:
+        """The one place a response changes state."""
+        if state not in _TRANSITIONS[response.state]:
+            raise AssertionError(f"response {response.id}: {response.state.value} -> {state.value} is not a transition")
+        response.state = state
+        if state is ResponseState.DONE:
+            self.responses.pop(response.id, None)
+            self._done.append(response.id)
+            self._to_graph(Command(target="dialog", name="reply_done", args={"response_id": response.id}))
+
+    def _start(self, response: Response) -> None:
+        self._advance(response, ResponseState.IN_PROGRESS)
+        settings = response.settings
+        self._send("response.created", response=self._response_wire(response, "in_progress"))
+        content = {"type": "output_audio", "transcript": ""} if response.audio else {"type": "output_text", "text": ""}
+        response.item = Item(_new_id("item"), "assistant", [], status="in_progress", response_id=response.id)
+        response.encoder = OutputEncoder(settings.output_format) if response.audio else None
+        self._send("response.output_item.added", response_id=response.id, output_index=0, item=response.item.to_wire())
+        if not settings.out_of_band:
+            self._add_item(response.item, done=False)
+        response.item.content.append(content)
+        part = {"type": "audio", "transcript": ""} if response.audio else {"type": "text", "text": ""}
+        self._send("response.content_part.added", **self._part_ref(response), part=part)
+        held, response.held = response.held, []
+        for message in held:
+            self._reply_output(response, message)
+
+    def _cancel(self, response: Response, reason: str) -> None:
+        self._control(Interrupt(turn_id=response.turn_id, response_id=response.id, reason=reason))
+        self._finish(response, "cancelled", reason=reason)
+
+    def _finish(
+        self,
+        response: Response,
+        status: str,
+        reason: str | None = None,
+        usage: Usage | None = None,
+        transcript: str = "",
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        if response.state is ResponseState.QUEUED:
+            self._advance(response, ResponseState.DONE)
+            self._send("response.done", response=self._response_wire(response, status, reason, usage, error))
+            return
+        item = response.item
+        assert item is not None
+        text = "".join(response.text) or transcript
+        ref = self._part_ref(response)
+        if response.audio:
+            self._send("response.output_audio.done", **ref)
+            self._send("response.output_audio_transcript.done", **ref, transcript=text)
+            item.content[0] = {"type": "output_audio", "transcript": text}
+            self._send("response.content_part.done", **ref, part={"type": "audio", "transcript": text})
+        else:
+            self._send("response.output_text.done", **ref, text=text)
+            item.content[0] = {"type": "output_text", "text": text}
+            self._send("response.content_part.done", **ref, part={"type": "text", "text": text})
+        item.status = "completed" if status == "completed" else "incomplete"
+        self._send("response.output_item.done", response_id=response.id, output_index=0, item=item.to_wire())
+        if not response.settings.out_of_band and item.id in self.items:
+            self._send("conversation.item.done", previous_item_id=self._previous(item.id), item=item.to_wire())
+        self._advance(response, ResponseState.DONE)
+        if usage is None:
+            usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
+        self._send("response.done", response=self._response_wire(response, status, reason, usage, error))
+        self._start_next()
+        self._maybe_drained()
+
+    def _start_next(self) -> None:
+        if self.state is SessionState.OPEN and self._active() is None:
+            following = next((r for r in self.responses.values() if r.state is ResponseState.QUEUED), None)
+            if following is not None:
+                self._start(following)
+
+    def _maybe_drained(self) -> None:
+        if self._ended_acknowledged and not self.responses and not self._drained_sent:
+            self._drained_sent = True
+            self._send("sglang.input_audio.drained")
+
+    def _response_wire(
+        self,
+        response: Response,
+        status: str,
+        reason: str | None = None,
+        usage: Usage | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> dict[str, Any]:
+        settings = response.settings
+        details: dict[str, Any] | None = None
+        if status != "in_progress" and status != "completed":
+            details = {"type": status, "reason": reason}
+            if error is not None:
+                details["error"] = {"type": "server_error", "code": error[0], "message": error[1]}
+        return {
+            "object": "realtime.response",
+            "id": response.id,
+            "status": status,
+            "status_details": details,
+            "output": [response.item.to_wire()] if response.item is not None and status != "in_progress" else [],
+            "conversation_id": None if settings.out_of_band else f"conv_{self.session_id}",
+            "output_modalities": list(settings.output_modalities),
+            "max_output_tokens": "inf" if settings.max_output_tokens is None else settings.max_output_tokens,
+            "audio": {"output": {"format": settings.output_format.to_wire(), "voice": settings.voice}},
+            "usage": None if usage is None else _usage(usage),
+            "metadata": settings.metadata,
+        }
+
+    def _response_for(self, message: TextDelta | AudioOut | TurnDone) -> Response | None:
+        response_id = message.response_id or self._by_turn.get(message.turn_id, "")
+        return self.responses.get(response_id)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _item_content(self, item: ev.ItemParam) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Graph arguments and wire content of a client-created message item."""
+        texts: list[str] = []
+        audio = []
+        images: list[bytes] = []
+        content: list[dict[str, Any]] = []
+        allowed = {"user": {"input_text", "input_audio", "input_image"}, "system": {"input_text"}, "assistant": {"output_text", "text", "output_audio", "audio"}}
+        for index, part in enumerate(item.content):
+            param = f"item.content[{index}]"
+            if part.type not in allowed[item.role or "user"]:
+                raise RealtimeError("invalid_value", f"Content type {part.type!r} is not valid in a {item.role} message.", f"{param}.type")
+            if part.type in ("input_text", "output_text", "text"):
+                texts.append(part.text or "")
+                content.append({"type": part.type, "text": part.text or ""})
+            elif part.type in ("output_audio", "audio"):
+                texts.append(part.transcript or "")
+                content.append({"type": "output_audio", "transcript": part.transcript or ""})
+            elif part.type == "input_audio":
+                data = self._b64(part.audio or "", f"{param}.audio")
+                try:
+                    audio.append(decode(data, self.config.input_format))
+                except OddByteCount as exc:
+                    raise RealtimeError("invalid_audio", str(exc), f"{param}.audio") from None
+                content.append({"type": "input_audio", "transcript": part.transcript})
+            else:  # input_image: a data URL
+                url = part.image_url or ""
+                if not url.startswith("data:image/") or ";base64," not in url:
+                    raise RealtimeError("invalid_image", "input_image needs a base64 data URL (data:image/png;base64,...).", f"{param}.image_url")
+                images.append(self._b64(url.split(";base64,", 1)[1], f"{param}.image_url"))
+                content.append({"type": "input_image", "image_url": None, "detail": part.detail or "auto"})
+        args: dict[str, Any] = {"text": "\n".join(texts) if texts else None, "images": images}
+        if audio:
+            import numpy as np
+
+            args["audio"] = np.concatenate(audio)
+            args["sample_rate"] = self.config.input_format.rate
+        return args, content
+
+    def _b64(self, text: str, param: str) -> bytes:
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise RealtimeError("invalid_base64", f"`{param}` is not valid base64.", param) from None
+
+    def _item(self, item_id: str) -> Item:
+        item = self.items.get(item_id)
+        if item is None:
+            raise RealtimeError("item_not_found", f"Item {item_id!r} does not exist in the conversation.", "item_id")
+        return item
+
+    def _previous(self, item_id: str) -> str | None:
+        keys = list(self.items)
+        index = keys.index(item_id)
+        return keys[index - 1] if index > 0 else None
+
+    def _add_item(self, item: Item, done: bool = True) -> None:
+        previous = next(reversed(self.items), None)
+        self.items[item.id] = item
+        self._send("conversation.item.added", previous_item_id=previous, item=item.to_wire())
+        if done:
+            self._send("conversation.item.done", previous_item_id=previous, item=item.to_wire())
+
+    def _part_ref(self, response: Response) -> dict[str, Any]:
+        assert response.item is not None
+        return {"response_id": response.id, "item_id": response.item.id, "output_index": 0, "content_index": 0}
+
+    def _send(self, kind: str, **fields: Any) -> None:
+        self._out.append(SendEvent({"type": kind, "event_id": f"event_{next(self._event_ids)}", **fields}))
+
+    def _error(self, error: RealtimeError) -> None:
+        self._send("error", error=error.to_wire())
+
+    def _to_graph(self, message: Message) -> None:
+        self._out.append(SendToGraph(message))
+
+    def _control(self, control: Control) -> None:
+        self._out.append(ControlGraph(control))
+
+    def _closing(self, reason: str, code: int) -> list[Action]:
+        self._send("session.closed", reason=reason)
+        self.state = SessionState.CLOSED
+        self.close_reason = reason
+        self._out.append(CloseSession(code, reason))
+        return self._flush()
+
+    def _flush(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out

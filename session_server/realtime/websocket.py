@@ -1,0 +1,232 @@
+"""`GET /v1/realtime`: the WebSocket adapter over the sans-I/O protocol core.
+
+All protocol rules live in `protocol.py`; this module only moves bytes and messages:
+
+    client frames --reader--> protocol --> graph input queue --feeder--> graph session
+    graph outputs --pump----> protocol --> outbox --writer--> client frames
+
+Auth runs before the handshake (session_server/auth.py: Bearer header, or the subprotocol
+`openai-insecure-api-key.KEY` offered next to `realtime`, which browsers must use); the server
+answers with the `realtime` subprotocol when offered.
+
+Bounds (profile section `realtime:`; each says what the client sees):
+- `max_output_buffer_bytes` (4 MiB, about 40 s of 24 kHz audio as base64): events waiting for a
+  client that stopped reading. Past it the session ends with `session.closed`
+  {reason: "output_buffer_full"} and close code 1008; queued events are dropped, so a stalled
+  client costs at most this much memory plus the socket's own buffer.
+- `max_append_chars` (15 MiB): base64 characters in one `input_audio_buffer.append` or image;
+  larger ones get error `input_audio_buffer_append_too_large`. A frame larger than the
+  server's WebSocket `ws_max_size` is refused by the server itself (close code 1009).
+- `max_pending_inputs` (64): client messages queued toward the graph; past it the reader stops
+  reading the socket (TCP backpressure) until the graph catches up.
+- `close_timeout_s` (2): how long the final `session.closed` may take to reach the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from graph.errors import SessionRejected
+from graph.messages import Message
+from session_server.auth import subprotocols
+from session_server.realtime.protocol import (
+    CLOSE_POLICY,
+    MAX_APPEND_CHARS,
+    Action,
+    CloseSession,
+    ControlGraph,
+    RealtimeProtocol,
+    SendEvent,
+    SendToGraph,
+)
+from session_server.state import ServerState
+
+log = logging.getLogger("session_server.realtime")
+
+
+@dataclass(frozen=True)
+class RealtimeSettings:
+    max_output_buffer_bytes: int = 4 * 1024 * 1024
+    max_append_chars: int = MAX_APPEND_CHARS
+    max_pending_inputs: int = 64
+    close_timeout_s: float = 2.0
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any]) -> RealtimeSettings:
+        section = dict(profile.get("realtime") or {})
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in section.items() if key in known})
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _Link:
+    """One client connection: the protocol, its graph session and the three queues around it."""
+
+    def __init__(self, websocket: WebSocket, protocol: RealtimeProtocol, settings: RealtimeSettings):
+        self.websocket = websocket
+        self.protocol = protocol
+        self.settings = settings
+        self.graph: Any = None
+        self.outbox: deque[str] = deque()
+        self.outbox_bytes = 0
+        self.outbox_ready = asyncio.Event()
+        self.outbox_drained = asyncio.Event()
+        self.outbox_drained.set()
+        self.inputs: deque[SendToGraph] = deque()
+        self.inputs_changed = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.close_code = 1000
+        self.close_reason = ""
+
+    # Apply the protocol's actions in order. Never blocks on the graph: graph-bound messages go
+    # through `inputs` (the feeder awaits the graph), so the pump can always keep draining outputs.
+    def apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendEvent):
+                self._queue_event(action.event)
+            elif isinstance(action, SendToGraph):
+                self.inputs.append(action)
+                self.inputs_changed.set()
+            elif isinstance(action, ControlGraph):
+                if self.graph is not None:
+                    self.graph.control(action.control)
+            elif isinstance(action, CloseSession):
+                self.close_code, self.close_reason = action.code, action.reason
+                self.closed.set()
+
+    def _queue_event(self, event: dict[str, Any]) -> None:
+        text = _encode(event).decode()
+        if self.closed.is_set() and event["type"] != "session.closed":
+            return
+        self.outbox.append(text)
+        self.outbox_bytes += len(text)
+        self.outbox_ready.set()
+        self.outbox_drained.clear()
+        if self.outbox_bytes > self.settings.max_output_buffer_bytes and not self.closed.is_set():
+            # The client stopped reading: drop what it has not read and end the session.
+            self.outbox.clear()
+            self.outbox_bytes = 0
+            self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
+
+    async def reader(self) -> None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                self.apply(self.protocol.close("client_closed"))
+                return
+            text = message.get("text")
+            if text is not None:
+                self.apply(self.protocol.receive_text(text))
+            else:
+                self.apply(self.protocol.receive_binary(message.get("bytes") or b""))
+            while len(self.inputs) > self.settings.max_pending_inputs and not self.closed.is_set():
+                self.inputs_changed.clear()
+                await self.inputs_changed.wait()
+
+    async def feeder(self) -> None:
+        while True:
+            while not self.inputs:
+                self.inputs_changed.clear()
+                await self.inputs_changed.wait()
+            action = self.inputs.popleft()
+            self.inputs_changed.set()
+            try:
+                await self.graph.send(action.input, action.message)
+            except RuntimeError:
+                return  # the graph session ended; the pump reports why
+
+    async def pump(self) -> None:
+        message: Message
+        async for message in self.graph.outputs():
+            self.apply(self.protocol.graph_output(message))
+        self.apply(self.protocol.session_ended(self.graph.end_reason or "closed", self.graph.error))
+
+    async def writer(self) -> None:
+        while True:
+            while not self.outbox:
+                self.outbox_ready.clear()
+                await self.outbox_ready.wait()
+            text = self.outbox.popleft()
+            self.outbox_bytes -= len(text)
+            await self.websocket.send_text(text)
+            if not self.outbox:
+                self.outbox_drained.set()
+
+
+async def serve(websocket: WebSocket, state: ServerState) -> None:
+    settings = RealtimeSettings.from_profile(state.settings.profile)
+    offered = subprotocols(websocket.scope.get("headers", []))
+    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+    session_id = f"sess_{secrets.token_hex(12)}"
+    protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars)
+    link = _Link(websocket, protocol, settings)
+    writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        requested = websocket.query_params.get("model")
+        if requested and requested != state.settings.model_id:
+            link.apply(protocol.reject("model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."))
+        else:
+            try:
+                link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())
+            except SessionRejected as rejected:
+                link.apply(protocol.reject(rejected.code, rejected.message))
+        if link.graph is not None:
+            link.apply(protocol.open())
+            tasks = [
+                asyncio.create_task(link.reader(), name=f"{session_id}:reader"),
+                asyncio.create_task(link.feeder(), name=f"{session_id}:feeder"),
+                asyncio.create_task(link.pump(), name=f"{session_id}:pump"),
+            ]
+            await _until_closed(link, tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if link.graph is not None:
+            await link.graph.close(link.close_reason or "client_closed")
+        await _finish(link, writer)
+
+
+async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:
+    closed = asyncio.create_task(link.closed.wait())
+    try:
+        while not link.closed.is_set():
+            done, _ = await asyncio.wait([closed, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not closed and not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    if not isinstance(exc, WebSocketDisconnect):
+                        log.error("realtime session %s: %s failed", link.protocol.session_id, task.get_name(), exc_info=exc)
+                    link.apply(link.protocol.close("client_closed" if isinstance(exc, WebSocketDisconnect) else "internal_error"))
+            tasks[:] = [t for t in tasks if not t.done()]
+            if not tasks and not link.closed.is_set():
+                link.apply(link.protocol.close("closed"))
+    finally:
+        closed.cancel()
+
+
+async def _finish(link: _Link, writer: asyncio.Task[None]) -> None:
+    """Deliver what is queued (ending with `session.closed`), then the close frame; bounded in time."""
+    timeout = link.settings.close_timeout_s
+    drained = asyncio.create_task(link.outbox_drained.wait())
+    await asyncio.wait([drained, writer], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    drained.cancel()
+    writer.cancel()
+    with contextlib.suppress(BaseException):
+        await writer
+    if link.close_reason != "client_closed":
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await link.websocket.close(link.close_code, link.close_reason[:120])
