@@ -66,7 +66,7 @@ class SpeechConfig:
     # WebSocket: a client message larger than this -> `error`, then close (1009).
     ws_max_message_bytes: int = 64 * 1024
     # WebSocket: text buffered for one utterance beyond this -> `error`, the text is refused.
-    ws_max_utterance_chars: int = 20000
+    ws_max_utterance_chars: int = 4096
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> SpeechConfig:

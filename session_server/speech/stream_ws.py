@@ -28,8 +28,8 @@ Limits (what the client sees):
 - no client message for `speech.ws_idle_timeout_s` (120 s) while nothing is being spoken:
   `error` `idle_timeout`, close 1000.
 - a message over `speech.ws_max_message_bytes` (64 KiB): `error` `message_too_large`, close 1009.
-- more than `speech.ws_max_utterance_chars` buffered for one utterance: `error`
-  `utterance_too_long`; that text is refused, the connection stays open.
+- more than `speech.ws_max_utterance_chars` (4096, the REST `input` bound) buffered for one
+  utterance: `error` `utterance_too_long`; that text is refused, the connection stays open.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -316,14 +316,10 @@ class SpeechStream:
 
 
 def _with_input(params: SpeechParams, text: str) -> SpeechParams:
-    from dataclasses import replace
-
     return replace(params, input=text)
 
 
 def _with_rate(params: SpeechParams, rate: int) -> SpeechParams:
-    from dataclasses import replace
-
     return replace(params, sample_rate=rate)
 
 

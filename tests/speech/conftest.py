@@ -21,3 +21,7 @@ async def server(profile):
 
 def speaker_node(server):
     return server.runtime.nodes["speaker"]
+
+
+def speech_service(server):
+    return server.server.config.app.state.speech
