@@ -22,6 +22,7 @@ log = logging.getLogger("sgl_omni")
 # never imports `nodes` (or torch) itself.
 _TOOL_COMMANDS = {
     "make-tiny-checkpoint": ("nodes.qwen3_omni.checkpoint", "make_tiny_checkpoint_main", "build the tiny random Qwen3-Omni checkpoint"),
+    "bench": ("benchmarks.cli", "main", "benchmark the server: realtime sessions, speech endpoints, direct model compute"),
 }
 
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _TOOL_COMMANDS:
+        # Dispatched before parsing: argparse's REMAINDER drops a tool's leading `--options`.
+        module, function, _ = _TOOL_COMMANDS[argv[0]]
+        return int(getattr(importlib.import_module(module), function)(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.command in _TOOL_COMMANDS:
         module, function, _ = _TOOL_COMMANDS[args.command]

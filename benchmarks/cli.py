@@ -1,0 +1,247 @@
+"""`sgl-omni bench [realtime] [speech] [components] [options]`; `sgl-omni bench --compare A.json B.json`.
+
+With no scenario named, all three run. Without `--url` the harness starts the server itself
+(`python -m session_server.cli serve --enable-realtime` on 127.0.0.1, a free port, the profile
+of `--config` or the embedded default), waits for /health, runs, and stops it. The direct
+`components` scenario runs after the server has stopped, so the two never compete for CPU.
+
+Every scenario stops by itself: levels have time budgets, turns have timeouts, and once the
+run's `--deadline` has passed the remaining levels are skipped (and say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
+
+SCENARIOS = ("realtime", "speech", "components")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sgl-omni bench", description="Benchmark the session server: realtime sessions, speech endpoints, direct model compute.")
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print the differences between two reports and exit")
+    parser.add_argument("--quick", action="store_true", help="a small, fast run (1-2 sessions, 1 turn, short budgets): for tests and smoke checks")
+    target = parser.add_argument_group("server")
+    target.add_argument("--url", help="benchmark a running server (http://host:port) instead of starting one")
+    target.add_argument("--server-pid", type=int, help="with --url: the server's pid, to sample its CPU and memory")
+    target.add_argument("--config", help="profile for the server the harness starts (and for `components`); default: the embedded CPU profile")
+    target.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="Bearer key (env SGL_OMNI_API_KEY)")
+    load = parser.add_argument_group("load")
+    load.add_argument("--sessions", type=_ints, help="realtime: concurrent sessions per level (default 1,4,16; quick 1,2)")
+    load.add_argument("--turns", type=int, help="realtime: spoken turns per session (default 2; quick 1)")
+    load.add_argument("--max-output-tokens", type=int, default=32, help="realtime: thinker tokens per reply (bounds the run; default 32)")
+    load.add_argument("--stagger", type=float, default=1.0, help="realtime: sessions start at seeded offsets within this many seconds")
+    load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
+    load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
+    load.add_argument("--level-budget", type=float, help="speech: seconds each level keeps sending (default 15; quick 2)")
+    load.add_argument("--batch-items", type=int, help="speech: items in the batch request (default 8; quick 2)")
+    load.add_argument("--speech-max-new-tokens", type=int, help="speech: max_new_tokens per request (default: the server's)")
+    load.add_argument("--voice", help="voice for replies and speech (default: the model's)")
+    load.add_argument("--fixtures", choices=["auto", "espeak", "synthetic"], default="auto", help="speech input: espeak-ng if installed (auto), or a synthetic voiced signal")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--deadline", type=float, default=540.0, help="seconds after which remaining levels are skipped (default 540)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", default="bench-results", help="directory for the JSON, PNG and server log (default ./bench-results)")
+    output.add_argument("--name", help="file stem (default bench-<UTC time>)")
+    output.add_argument("--note", help="free text stored in the report (e.g. 'machine shared with other jobs')")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.compare:
+        try:
+            a, b = (report.load_json(path) for path in args.compare)
+        except (OSError, ValueError) as exc:  # ReportError and JSONDecodeError are ValueErrors
+            print(f"--compare: {exc}", file=sys.stderr)
+            return 2
+        print(f"A = {args.compare[0]} ({a['created']})\nB = {args.compare[1]} ({b['created']})")
+        print(report.render_compare(report.compare(a, b)))
+        return 0
+    for scenario in args.scenarios:
+        if scenario not in SCENARIOS:
+            print(f"unknown scenario {scenario!r} (choose from {', '.join(SCENARIOS)})", file=sys.stderr)
+            return 2
+    doc = run(args)
+    out = Path(args.out)
+    stem = args.name or "bench-" + doc["created"].replace(":", "").replace("-", "")[:15]
+    json_path = out / f"{stem}.json"
+    report.write_json(doc, json_path)
+    print(report.render(doc))
+    print()
+    print(f"report: {json_path}")
+    png_path = out / f"{stem}.png"
+    if report.plot(doc, png_path):
+        print(f"plot:   {png_path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the chosen scenarios; returns the report document."""
+    from benchmarks.realtime import RealtimeSettings
+    from benchmarks.speech import SpeechSettings
+
+    started = time.monotonic()
+    scenarios = list(dict.fromkeys(args.scenarios)) or list(SCENARIOS)
+    quick = args.quick
+    realtime_settings = RealtimeSettings(
+        turns=args.turns or (1 if quick else 2),
+        stagger_s=args.stagger if not quick else min(args.stagger, 0.3),
+        turn_timeout_s=args.turn_timeout,
+        max_output_tokens=args.max_output_tokens,
+        voice=args.voice,
+        seed=args.seed,
+    )
+    sessions = args.sessions or ((1, 2) if quick else (1, 4, 16))
+    speech_settings = SpeechSettings(
+        concurrency=args.concurrency or ((1, 2) if quick else (1, 4, 16, 32)),
+        level_budget_s=args.level_budget or (2.0 if quick else 15.0),
+        batch_items=args.batch_items or (2 if quick else 8),
+        max_new_tokens=args.speech_max_new_tokens,
+        voice=args.voice,
+        seed=args.seed,
+    )
+    doc: dict[str, Any] = {
+        "schema": report.SCHEMA,
+        "created": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine_info(),
+        "server": {},
+        "settings": {
+            "quick": quick,
+            "seed": args.seed,
+            "scenarios": scenarios,
+            "realtime": {"sessions": list(sessions), **{k: getattr(realtime_settings, k) for k in ("turns", "stagger_s", "turn_timeout_s", "max_output_tokens")}},
+            "speech": {"concurrency": list(speech_settings.concurrency), "level_budget_s": speech_settings.level_budget_s, "batch_items": speech_settings.batch_items},
+        },
+    }
+    if args.note:
+        doc["note"] = args.note
+    deadline = started + args.deadline
+    out = Path(args.out)
+    if "realtime" in scenarios or "speech" in scenarios:
+        _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out)
+    if "components" in scenarios:
+        from benchmarks import components
+
+        doc["components"] = components.run(args.config, quick=quick, seed=args.seed, deadline=deadline)
+        doc["ratios"] = components.ratios(doc)
+    doc["wall_s"] = round(time.monotonic() - started, 1)
+    return doc
+
+
+def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out) -> None:
+    from benchmarks import realtime, speech
+    from benchmarks.server import ManagedServer, ResourceMonitor, ServerHandle, remote_model_id
+
+    texts = [QUICK_SENTENCE] if args.quick else list(SENTENCES)
+    utterances = [make_utterance(text, args.fixtures) for text in texts]
+    doc["settings"]["fixtures"] = {"source": utterances[0].source, "seconds": [round(u.seconds, 2) for u in utterances]}
+    if args.url:
+        base_url = args.url.rstrip("/")
+        handle = ServerHandle(base_url, args.server_pid, remote_model_id(base_url, args.api_key))
+        context: Any = _Given(handle)
+    else:
+        log_path = out / ((args.name or "bench") + "-server.log")
+        context = ManagedServer(args.config, max(sessions) if "realtime" in scenarios else 1, log_path, args.api_key)
+    with context as server:
+        doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "log": server.log_path}
+        if "realtime" in scenarios:
+            levels = []
+            for count in sessions:
+                if time.monotonic() > deadline:
+                    levels.append(_skipped_level(count, "deadline reached"))
+                    continue
+                with ResourceMonitor(server.pid) as monitor:
+                    results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, realtime_settings))
+                level = realtime.summarize_level(count, results, wall, realtime_settings)
+                level["server"] = monitor.summary(count)
+                levels.append(level)
+                print(f"realtime N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
+                time.sleep(0.5)  # let the server free the sessions before the next level
+            doc["realtime"] = {"levels": levels}
+        if "speech" in scenarios:
+            if time.monotonic() > deadline:
+                doc["speech"] = {"skipped": "deadline reached"}
+            else:
+                with ResourceMonitor(server.pid) as monitor:
+                    doc["speech"] = asyncio.run(speech.run(server.base_url, server.model_id, args.api_key, speech_settings))
+                doc["speech"]["server"] = monitor.summary(1)
+                print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)
+
+
+def _skipped_level(sessions: int, why: str) -> dict[str, Any]:
+    empty = {"n": 0, "mean": None, "p50": None, "p95": None, "p99": None, "max": None}
+    return {
+        "sessions": sessions,
+        "skipped": why,
+        "turns_planned": 0,
+        "turns_completed": 0,
+        "ttfa_from_speech_stopped_ms": empty,
+        "ttfa_from_user_audio_end_ms": empty,
+        "turn_latency_ms": empty,
+        "underruns": {"total": 0, "per_turn": None, "turns_with_underrun": 0, "stall_ms": empty},
+        "events_per_s": None,
+        "errors": {"count": 0, "by_kind": {}},
+    }
+
+
+class _Given:
+    """A server someone else runs: nothing to start or stop."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def __enter__(self) -> Any:
+        return self.handle
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(terse=True),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "packages": {name: version(name) for name in ("torch", "transformers", "onnxruntime", "sgl-omni-server")},
+    }
+    try:
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["git_commit"] = None
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

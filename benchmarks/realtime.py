@@ -1,0 +1,340 @@
+"""The `realtime` scenario: N concurrent voice sessions over the realtime WebSocket API.
+
+Each simulated user is a raw `websockets` client speaking the OpenAI Realtime GA events, as
+any client would: `session.update` (PCM16 24 kHz in, server VAD), then for each of K turns it
+streams a spoken sentence as `input_audio_buffer.append` events of 20 ms at wall-clock pace,
+followed by silence (still at wall-clock pace: server VAD needs to hear the pause) until the
+reply's `response.done`, plus a short gap. Sessions start at seeded offsets within
+`stagger_s`, so the load is the same run to run but not artificially synchronous.
+
+Per turn it records when the user's audio ended, when `speech_stopped`, the reply's
+`response.created`, each `response.output_audio.delta` (arrival time and duration) and
+`response.done` arrived; `summarize_level` turns those into the figures of the report.
+
+A turn belongs to the reply whose `response.created` follows the turn's last `speech_stopped`
+(if VAD split the sentence, earlier replies were interrupted: counted as `vad_splits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.fixtures import SAMPLE_RATE, Utterance, pcm16
+from benchmarks.stats import simulate_playback, summarize
+
+CHUNK_MS = 20
+CHUNK_SAMPLES = SAMPLE_RATE * CHUNK_MS // 1000
+OUTPUT_RATE = 24000
+
+
+@dataclass
+class Reply:
+    response_id: str
+    created_at: float
+    first_audio_at: float | None = None
+    done_at: float | None = None
+    status: str | None = None
+    chunks: list[tuple[float, float]] = field(default_factory=list)  # (arrival, seconds)
+    output_tokens: int | None = None
+
+
+@dataclass
+class TurnRecord:
+    session: int
+    turn: int
+    user_audio_start: float = 0.0
+    user_audio_end: float | None = None
+    speech_started: int = 0
+    speech_stopped_at: float | None = None
+    replies: list[Reply] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def reply(self) -> Reply | None:
+        """The reply that answers this turn: the first created after the last speech_stopped."""
+        if self.speech_stopped_at is None:
+            return None
+        for reply in self.replies:
+            if reply.created_at >= self.speech_stopped_at:
+                return reply
+        return None
+
+    @property
+    def complete(self) -> bool:
+        reply = self.reply
+        return self.user_audio_end is not None and reply is not None and reply.done_at is not None
+
+    def metrics(self) -> dict[str, Any] | None:
+        """This turn's figures, or None when it never got its reply."""
+        reply = self.reply
+        if not self.complete or reply is None or reply.done_at is None or self.speech_stopped_at is None:
+            return None
+        audio_s = sum(d for _, d in reply.chunks)
+        playback = simulate_playback(reply.chunks, reply.done_at)
+        generation_s = reply.done_at - reply.created_at
+        return {
+            "status": reply.status,
+            "ttfa_from_speech_stopped_s": None if reply.first_audio_at is None else reply.first_audio_at - self.speech_stopped_at,
+            "ttfa_from_user_audio_end_s": None if reply.first_audio_at is None or self.user_audio_end is None else reply.first_audio_at - self.user_audio_end,
+            "turn_latency_s": reply.done_at - self.speech_stopped_at,
+            "audio_s": audio_s,
+            # Output real-time factor: seconds spent generating per second of reply audio
+            # (response.created -> response.done); below 1 the server outpaces playback.
+            "output_rtf": generation_s / audio_s if audio_s > 0 else None,
+            "underruns": playback.underruns,
+            "stall_s": playback.stall_s,
+            "vad_splits": max(self.speech_started - 1, 0),
+        }
+
+
+@dataclass
+class SessionResult:
+    turns: list[TurnRecord]
+    events: int = 0
+    errors: list[str] = field(default_factory=list)
+    client_lag_s: float = 0.0  # how late the client sent its worst 20 ms chunk (its own overload)
+
+
+@dataclass
+class RealtimeSettings:
+    turns: int = 2
+    stagger_s: float = 1.0
+    gap_s: float = 0.5  # silence after a reply before the next turn
+    turn_timeout_s: float = 60.0
+    max_output_tokens: int | None = 32
+    voice: str | None = None
+    seed: int = 0
+
+
+class _Session:
+    def __init__(self, index: int, url: str, headers: dict[str, str], utterances: list[Utterance], settings: RealtimeSettings, start_delay_s: float):
+        self.index = index
+        self.url = url
+        self.headers = headers
+        self.utterances = utterances
+        self.settings = settings
+        self.start_delay_s = start_delay_s
+        self.result = SessionResult(turns=[])
+        self.turn: TurnRecord | None = None
+        self.turn_done = asyncio.Event()
+        self.updated = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._replies: dict[str, Reply] = {}
+
+    async def run(self) -> SessionResult:
+        from websockets.asyncio.client import connect
+
+        await asyncio.sleep(self.start_delay_s)
+        try:
+            async with connect(self.url, additional_headers=self.headers, max_size=None, open_timeout=30, close_timeout=5) as ws:
+                receiver = asyncio.create_task(self._receive(ws))
+                try:
+                    await self._converse(ws)
+                finally:
+                    receiver.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await receiver
+        except Exception as exc:  # noqa: BLE001 - every failure is a counted error, not a crash
+            self.result.errors.append(f"connection: {type(exc).__name__}: {exc}"[:200])
+        return self.result
+
+    async def _converse(self, ws: Any) -> None:
+        session: dict[str, Any] = {
+            "type": "realtime",
+            "output_modalities": ["audio"],
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": SAMPLE_RATE},
+                    "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500},
+                },
+                "output": {"format": {"type": "audio/pcm", "rate": OUTPUT_RATE}},
+            },
+        }
+        if self.settings.max_output_tokens:
+            session["max_output_tokens"] = self.settings.max_output_tokens
+        if self.settings.voice:
+            session["audio"]["output"]["voice"] = self.settings.voice
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await self._wait(self.updated, 30, "no session.updated")
+        clock = _Pacer()
+        for turn_index, utterance in enumerate(self.utterances):
+            if self.closed.is_set():
+                self.result.errors.append("closed_by_server")
+                return
+            self.turn = TurnRecord(self.index, turn_index, user_audio_start=time.perf_counter())
+            self.turn_done.clear()
+            self.result.turns.append(self.turn)
+            samples = utterance.samples
+            for start in range(0, len(samples), CHUNK_SAMPLES):
+                await clock.tick()
+                await _append(ws, samples[start : start + CHUNK_SAMPLES])
+            self.turn.user_audio_end = time.perf_counter()
+            self._check_done()
+            silence = bytes(CHUNK_SAMPLES * 2)
+            deadline = time.perf_counter() + self.settings.turn_timeout_s
+            while not self.turn_done.is_set() and not self.closed.is_set():
+                if time.perf_counter() > deadline:
+                    self.turn.error = "turn_timeout"
+                    self.result.errors.append("turn_timeout")
+                    break
+                await clock.tick()
+                await _append_bytes(ws, silence)
+            if self.turn.error:
+                break
+            gap_end = time.perf_counter() + self.settings.gap_s
+            while time.perf_counter() < gap_end and not self.closed.is_set():
+                await clock.tick()
+                await _append_bytes(ws, silence)
+        self.result.client_lag_s = clock.worst_lag_s
+
+    async def _wait(self, event: asyncio.Event, timeout: float, error: str) -> None:
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            raise RuntimeError(error) from None
+
+    async def _receive(self, ws: Any) -> None:
+        try:
+            async for raw in ws:
+                now = time.perf_counter()
+                self.result.events += 1
+                if not isinstance(raw, str):
+                    continue
+                event = json.loads(raw)
+                self._on_event(event.get("type", ""), event, now)
+        except Exception as exc:  # noqa: BLE001 - a dropped connection is an error of this session
+            self.result.errors.append(f"receive: {type(exc).__name__}")
+        finally:
+            self.closed.set()
+            self.turn_done.set()
+
+    def _on_event(self, kind: str, event: dict[str, Any], now: float) -> None:
+        turn = self.turn
+        if kind == "session.updated":
+            self.updated.set()
+        elif kind == "error":
+            error = event.get("error") or {}
+            self.result.errors.append(f"error: {error.get('code') or error.get('type')}")
+        elif kind == "session.closed":
+            self.result.errors.append(f"session.closed: {event.get('reason')}")
+        elif turn is None:
+            return
+        elif kind == "input_audio_buffer.speech_started":
+            turn.speech_started += 1
+        elif kind == "input_audio_buffer.speech_stopped":
+            turn.speech_stopped_at = now
+        elif kind == "response.created":
+            response_id = (event.get("response") or {}).get("id", "")
+            reply = Reply(response_id, now)
+            self._replies[response_id] = reply
+            turn.replies.append(reply)
+        elif kind == "response.output_audio.delta":
+            reply = self._replies.get(event.get("response_id", ""))
+            if reply is not None:
+                if reply.first_audio_at is None:
+                    reply.first_audio_at = now
+                reply.chunks.append((now, _b64_bytes(event.get("delta", "")) / 2 / OUTPUT_RATE))
+        elif kind == "response.done":
+            response = event.get("response") or {}
+            reply = self._replies.get(response.get("id", ""))
+            if reply is not None:
+                reply.done_at = now
+                reply.status = response.get("status")
+                reply.output_tokens = (response.get("usage") or {}).get("output_tokens")
+                if reply.status not in ("completed", None):
+                    self.result.errors.append(f"response_{reply.status}")
+            self._check_done()
+
+    def _check_done(self) -> None:
+        if self.turn is not None and self.turn.complete:
+            self.turn_done.set()
+
+
+class _Pacer:
+    """Wall-clock pacing at one 20 ms chunk per tick, on an absolute schedule (no drift)."""
+
+    def __init__(self) -> None:
+        self.next_at: float | None = None
+        self.worst_lag_s = 0.0
+
+    async def tick(self) -> None:
+        now = time.perf_counter()
+        if self.next_at is None:
+            self.next_at = now
+        delay = self.next_at - now
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            self.worst_lag_s = max(self.worst_lag_s, -delay)
+        self.next_at += CHUNK_MS / 1000
+
+
+async def _append(ws: Any, samples: Any) -> None:
+    await _append_bytes(ws, pcm16(samples))
+
+
+async def _append_bytes(ws: Any, audio: bytes) -> None:
+    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+
+
+def _b64_bytes(text: str) -> int:
+    """Decoded length of a base64 string, without decoding it."""
+    return len(text) * 3 // 4 - text[-2:].count("=") if text else 0
+
+
+async def run_level(ws_url: str, model_id: str, api_key: str | None, sessions: int, utterances: list[Utterance], settings: RealtimeSettings) -> tuple[list[SessionResult], float]:
+    """Run `sessions` concurrent sessions to the end; returns their results and the wall time."""
+    rng = random.Random(settings.seed * 1000 + sessions)
+    url = f"{ws_url}/v1/realtime?model={model_id}"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    clients = []
+    for index in range(sessions):
+        picks = [utterances[rng.randrange(len(utterances))] for _ in range(settings.turns)]
+        delay = rng.uniform(0, settings.stagger_s) if sessions > 1 else 0.0
+        clients.append(_Session(index, url, headers, picks, settings, delay))
+    started = time.perf_counter()
+    results = await asyncio.gather(*(client.run() for client in clients))
+    return list(results), time.perf_counter() - started
+
+
+def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, settings: RealtimeSettings) -> dict[str, Any]:
+    """The report row for one concurrency level."""
+    turn_metrics = [m for r in results for t in r.turns if (m := t.metrics()) is not None]
+    errors: dict[str, int] = {}
+    for result in results:
+        for error in result.errors:
+            errors[error] = errors.get(error, 0) + 1
+
+    def values(key: str) -> list[float]:
+        return [m[key] for m in turn_metrics if m[key] is not None]
+
+    underruns = values("underruns")
+    return {
+        "sessions": sessions,
+        "turns_planned": sessions * settings.turns,
+        "turns_completed": len(turn_metrics),
+        "ttfa_from_speech_stopped_ms": summarize(values("ttfa_from_speech_stopped_s"), 1000),
+        "ttfa_from_user_audio_end_ms": summarize(values("ttfa_from_user_audio_end_s"), 1000),
+        "turn_latency_ms": summarize(values("turn_latency_s"), 1000),
+        "output_rtf": summarize(values("output_rtf"), 1, 3),
+        "reply_audio_s": summarize(values("audio_s"), 1, 2),
+        "underruns": {
+            "total": int(sum(underruns)),
+            "per_turn": round(sum(underruns) / len(underruns), 3) if underruns else None,
+            "turns_with_underrun": sum(1 for u in underruns if u > 0),
+            "stall_ms": summarize(values("stall_s"), 1000),
+        },
+        "vad_splits": int(sum(values("vad_splits"))),
+        "events": sum(r.events for r in results),
+        "events_per_s": round(sum(r.events for r in results) / wall_s, 1) if wall_s > 0 else None,
+        "client_lag_ms_max": round(max((r.client_lag_s for r in results), default=0.0) * 1000, 1),
+        "wall_s": round(wall_s, 2),
+        "errors": {"count": sum(errors.values()), "by_kind": errors},
+    }

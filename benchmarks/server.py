@@ -1,0 +1,234 @@
+"""The server under test: started as a subprocess (or reached at `--url`), and watched with psutil.
+
+`ManagedServer` runs `python -m session_server.cli serve --enable-realtime --host 127.0.0.1
+--port <free>` with a profile derived from `--config` (the embedded default when none) whose
+`limits.max_sessions` is raised to the largest session count the run needs, so admission does
+not refuse the load it was asked to measure. It waits for `/health` to answer 200, and on exit
+sends SIGTERM (the server drains), then kills it if it has not exited in time. The server's
+log goes to a file next to the JSON report, not to the table on stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_profile(config: str | None, max_sessions: int) -> dict[str, Any]:
+    """The profile to serve: `config` (or the embedded default) with room for `max_sessions`."""
+    from configs import load_profile
+
+    profile = load_profile(config)
+    limits = profile.setdefault("limits", {})
+    limits["max_sessions"] = max(int(limits.get("max_sessions", 8)), max_sessions)
+    if limits.get("kv_tokens") and limits.get("max_seq_len"):
+        limits["kv_tokens"] = max(int(limits["kv_tokens"]), max_sessions * int(limits["max_seq_len"]))
+    return profile
+
+
+@dataclass
+class ServerHandle:
+    base_url: str
+    pid: int | None  # None when the server is not ours to watch (a remote --url)
+    model_id: str
+    log_path: str | None = None
+    started_by_harness: bool = False
+    startup_s: float | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.base_url[len("http") :]
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class ManagedServer:
+    """A server subprocess for the length of a `with` block."""
+
+    def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0):
+        self.config = config
+        self.max_sessions = max_sessions
+        self.log_path = log_path
+        self.api_key = api_key
+        self.startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._profile_file: str | None = None
+
+    def __enter__(self) -> ServerHandle:
+        import yaml
+
+        profile = bench_profile(self.config, self.max_sessions)
+        fd, self._profile_file = tempfile.mkstemp(prefix="sgl-omni-bench-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(profile, f)
+        port = free_port()
+        command = [sys.executable, "-m", "session_server.cli", "serve", "--enable-realtime", "--host", "127.0.0.1", "--port", str(port), "--config", self._profile_file, "--log-level", "warning"]
+        if self.api_key:
+            command += ["--api-key", self.api_key]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed with it
+        started = time.perf_counter()
+        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(base_url, self._process, self.startup_timeout_s, self.log_path)
+        except BaseException:
+            self._stop()
+            raise
+        return ServerHandle(base_url, self._process.pid, str(profile.get("model_id", "")), str(self.log_path), True, round(time.perf_counter() - started, 2))
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        if self._profile_file:
+            with contextlib.suppress(OSError):
+                os.unlink(self._profile_file)
+            self._profile_file = None
+
+
+def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ServerStartError(f"the server exited with code {process.returncode} during startup; log: {log_path}\n{_tail(log_path)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(base_url + "/health").status_code == 200:
+                    return
+            time.sleep(0.2)
+    raise ServerStartError(f"the server was not healthy after {timeout_s:.0f}s; log: {log_path}\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def remote_model_id(base_url: str, api_key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.get(base_url + "/v1/models", headers=headers, timeout=10)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+@dataclass
+class ResourceSample:
+    cpu_percent: float  # of one core (100 = one core busy)
+    rss_mb: float
+
+
+@dataclass
+class ResourceMonitor:
+    """Samples a process's CPU and resident memory (children included) every `interval_s`.
+
+    Used as `with ResourceMonitor(pid) as monitor: ...`; `summary()` reports the mean CPU and
+    the peak RSS over the block, beside the RSS measured just before it (the baseline).
+    """
+
+    pid: int | None
+    interval_s: float = 0.5
+    samples: list[ResourceSample] = field(default_factory=list)
+    baseline_rss_mb: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> ResourceMonitor:
+        if self.pid is None:
+            return self
+        import psutil
+
+        try:
+            self._process = psutil.Process(self.pid)
+            self.baseline_rss_mb = self._rss_mb()
+            self._cpu_times = self._cpu_total()
+            self._cpu_at = time.perf_counter()
+        except psutil.Error:
+            self.pid = None
+            return self
+        self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _processes(self) -> list[Any]:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            return [self._process, *self._process.children(recursive=True)]
+        return [self._process]
+
+    def _cpu_total(self) -> float:
+        import psutil
+
+        total = 0.0
+        for process in self._processes():
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def _rss_mb(self) -> float:
+        import psutil
+
+        total = 0
+        for process in self._processes():
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+        return total / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now = time.perf_counter()
+            cpu = self._cpu_total()
+            percent = 100.0 * (cpu - self._cpu_times) / max(now - self._cpu_at, 1e-6)
+            self._cpu_times, self._cpu_at = cpu, now
+            self.samples.append(ResourceSample(percent, self._rss_mb()))
+
+    def summary(self, sessions: int) -> dict[str, float | None]:
+        if self.pid is None or not self.samples:
+            return {"cpu_percent": None, "cpu_percent_per_session": None, "rss_mb": None, "rss_mb_baseline": None, "rss_mb_per_session": None}
+        cpu = sum(s.cpu_percent for s in self.samples) / len(self.samples)
+        peak = max(s.rss_mb for s in self.samples)
+        baseline = self.baseline_rss_mb or peak
+        return {
+            "cpu_percent": round(cpu, 1),
+            "cpu_percent_per_session": round(cpu / max(sessions, 1), 1),
+            "rss_mb": round(peak, 1),
+            "rss_mb_baseline": round(baseline, 1),
+            "rss_mb_per_session": round(max(peak - baseline, 0.0) / max(sessions, 1), 2),
+        }
