@@ -48,8 +48,11 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-# Positions of the assistant block before the reply's first token: header (3) + 4 x tts_pad + tts_bos.
+# The assistant header `<|im_start|>assistant\n`: its first three tokens open the talker's assistant block.
 ASSISTANT_HEADER_TOKENS = 3
+# Stands for an end-of-sequence token the caller did not pass; it is never embedded (the last
+# token of the text is always read as tts_eos).
+_EOS_PLACEHOLDER = -1
 
 
 @dataclass
@@ -242,13 +245,31 @@ class TalkerHistory:
             return
         embeds = self.talker.prompt_embeds(token_ids, mm_hidden)
         self._keep_user_positions(token_ids, embeds)
+        self._add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
+
+    def _add_grids(self, image_grid_thw, video_grid_thw, audio_feature_lengths) -> None:
         for grids, new in (
             (self.image_grids, image_grid_thw),
             (self.video_grids, video_grid_thw),
             (self.audio_feature_lengths, audio_feature_lengths),
         ):
             if new is not None and torch.as_tensor(new).numel():
-                grids.append(torch.as_tensor(new).reshape(-1, *torch.as_tensor(new).shape[1:]))
+                grids.append(torch.as_tensor(new).cpu())
+
+    def add_user_part(
+        self,
+        token_ids: torch.Tensor,
+        mm_hidden: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
+        audio_feature_lengths: torch.Tensor | None = None,
+    ) -> None:
+        """One user message the thinker already picked out (`ThinkerSession`'s `TalkerUserPart`):
+        all its ids and the accept-layer hidden states of its multimodal positions."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
+        if token_ids.numel():
+            self.segments.append(_UserSegment(token_ids, self.talker.prompt_embeds(token_ids, mm_hidden)))
+        self._add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
 
     def add_reply(self, token_ids: torch.Tensor | list[int]) -> None:
         """Reply tokens the thinker generated (assistant role: only the role tracking cares)."""
@@ -330,6 +351,7 @@ class TalkerReply:
         # Text the talker reads one token per step: header tokens past the third, then the reply.
         self._text: list[int] = header[ASSISTANT_HEADER_TOKENS:].tolist()
         self._header_extra = len(self._text)
+        self._eos_appended = False
         self.text_final = False
         self.frames = 0
         self.finished = False
@@ -349,13 +371,22 @@ class TalkerReply:
 
     @property
     def reply_tokens(self) -> int:
+        """Reply tokens the talker has read or will read (an appended EOS counts, as in generate())."""
         return len(self._text) - self._header_extra
 
-    def add_text(self, token_ids: list[int] | tuple[int, ...], final: bool = False) -> None:
-        """Reply tokens as the thinker samples them; `final` when the reply's text has ended."""
-        if self.text_final and token_ids:
+    def add_text(self, token_ids: list[int] | tuple[int, ...], final: bool = False, eos: bool = False) -> None:
+        """Reply tokens as the thinker samples them; `final` when the reply's text has ended.
+
+        The last token of the text is not spoken: `generate()` replaces it by tts_eos. A reply
+        that ended on an end-of-sequence token the caller does not pass (`eos=True`) is spoken
+        whole; one cut by a bound (`final` without `eos`) loses its last token, as in `generate()`.
+        """
+        if self.text_final and (token_ids or final and eos):
             raise ValueError("text added after the reply's final token")
         self._text.extend(int(t) for t in token_ids)
+        if final and eos:
+            self._text.append(_EOS_PLACEHOLDER)
+            self._eos_appended = True
         self.text_final = self.text_final or final
 
     def cancel(self) -> None:
@@ -388,7 +419,7 @@ class TalkerReply:
             self._finish("frame_limit")
             return None
         if self._cache is None:
-            if not self._text:  # the reply ended before its first token: nothing to speak
+            if not self._text or self._text[0] == _EOS_PLACEHOLDER:  # the reply ended before its first token
                 self._finish("empty")
                 return None
             logits = self._prefill()
