@@ -225,6 +225,14 @@ def _read_model_voices(runtime: GraphRuntime, config: SpeechConfig) -> ModelVoic
         resource = next((r for r in runtime.resources.values() if getattr(r, "speakers", None)), None)
     speakers = tuple(getattr(resource, "speakers", None) or ()) if resource is not None else ()
     if not speakers:
+        # A transformers omni checkpoint names its speakers in talker_config.speaker_id.
+        for candidate in ([resource] if resource is not None else list(runtime.resources.values())):
+            talker_config = getattr(getattr(candidate, "config", None), "talker_config", None)
+            speaker_ids = getattr(talker_config, "speaker_id", None)
+            if speaker_ids:
+                resource, speakers = candidate, tuple(name.lower() for name in speaker_ids)
+                break
+    if not speakers:
         speakers = tuple(config.voices)
         default = speakers[0]
     else:
