@@ -157,6 +157,15 @@ class OutputEncoder:
         self.samples_in += len(samples)
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples)
+        return self._wire(samples)
+
+    def flush(self) -> bytes:
+        """The resampler's tail (its filter delay) at the end of a reply."""
+        if self._resampler is None:
+            return b""
+        return self._wire(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+
+    def _wire(self, samples: np.ndarray) -> bytes:
         pcm = to_int16(samples)
         if self.format.type == PCM:
             return pcm.astype("<i2").tobytes()

@@ -518,6 +518,9 @@ class RealtimeProtocol:
         text = "".join(response.text) or transcript
         ref = self._part_ref(response)
         if response.audio:
+            tail = response.encoder.flush() if response.encoder is not None and status == "completed" else b""
+            if tail:
+                self._send("response.output_audio.delta", **ref, delta=base64.b64encode(tail).decode("ascii"))
             self._send("response.output_audio.done", **ref)
             self._send("response.output_audio_transcript.done", **ref, transcript=text)
             item.content[0] = {"type": "output_audio", "transcript": text}
