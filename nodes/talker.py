@@ -5,15 +5,21 @@
                                                max_reply_frames: 4096}}
 
 Input `hidden` (from the thinker), in order:
-  * a prompt chunk for every thinker prefill: `HiddenChunk(tensors={"prompt": True,
-    "mm_hidden": [n_mm, H] layer-`accept_hidden_layer` hidden states at the audio/image
-    positions, "image_grid_thw", "video_grid_thw", "audio_feature_lengths"}, token_ids=the
-    prefilled ids)`. The talker keeps the user turns' talker-space embeddings (`TalkerHistory`):
-    every later reply's prefill starts with them.
+  * a prompt chunk for every thinker prefill, `HiddenChunk(token_ids=<the prefilled ids>,
+    tensors={"prompt": True, ...})`, with either
+      - "user_parts": the prefill's `TalkerUserPart`s (`ThinkerSession.prefill(...).user_parts`:
+        token_ids, multimodal_hidden), or
+      - "mm_hidden": [n_mm, H] layer-`accept_hidden_layer` hidden states at the prefill's
+        audio/image positions (the talker then finds the user messages itself),
+    plus "image_grid_thw" / "video_grid_thw" / "audio_feature_lengths" when the turn had them.
+    The talker keeps the user turns' talker-space embeddings (`TalkerHistory`): every later
+    reply's prefill starts with them.
   * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
-    as the thinker samples them. The first one may carry `tensors["voice"]` (or
-    `tensors["reply"]`, a `ReplyParams`); else the session config's `voice` is used.
-  * the reply's `TurnDone` (it also ends the reply's text).
+    as the thinker samples them. The first may carry `tensors["reply"]` (`ReplyParams`: voice,
+    sampling seed) or `tensors["voice"]`; else the session config's `voice` is used. The final
+    chunk's `tensors["finish_reason"] == "stop"` says the reply ended on EOS (spoken whole);
+    otherwise its last token is not spoken, as in `generate()` (it reads tts_eos there).
+  * the reply's `TurnDone` (it also ends the reply's text if no final chunk came).
 Output `codes`: one `CodecFrames` per frame as soon as it is computed, an empty
 `CodecFrames(final=True)` after the last one, then the `TurnDone` (with the frame count added to
 its usage as `output_audio_tokens`).
@@ -124,16 +130,20 @@ class TalkerSession(NodeSession):
             await asyncio.gather(self._speaking, return_exceptions=True)
 
     async def _add_prompt(self, chunk: HiddenChunk) -> None:
+        await self.node.context.compute.run(self._add_prompt_now, chunk)
+
+    def _add_prompt_now(self, chunk: HiddenChunk) -> None:
         tensors = chunk.tensors
-        await self.node.context.compute.run(
-            lambda: self.history.add_prompt(
-                torch.as_tensor(chunk.token_ids, dtype=torch.long),
-                tensors.get("mm_hidden"),
-                image_grid_thw=tensors.get("image_grid_thw"),
-                video_grid_thw=tensors.get("video_grid_thw"),
-                audio_feature_lengths=tensors.get("audio_feature_lengths"),
-            )
-        )
+        history = self.history
+        grids = (tensors.get("image_grid_thw"), tensors.get("video_grid_thw"), tensors.get("audio_feature_lengths"))
+        if "user_parts" in tensors:  # the thinker picked the user messages out already
+            for part in tensors["user_parts"]:
+                history.add_user_part(_field(part, "token_ids"), _field(part, "multimodal_hidden"))
+            history.track(list(chunk.token_ids))
+            history.add_grids(*grids)
+        else:
+            ids = torch.as_tensor(chunk.token_ids, dtype=torch.long)
+            history.add_prompt(ids, tensors.get("mm_hidden"), *grids)
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)
@@ -144,7 +154,8 @@ class TalkerSession(NodeSession):
         assert self._reply is not None
         self.history.add_reply(list(chunk.token_ids))
         if not self._reply.text_final:
-            self._reply.add_text(chunk.token_ids, final=chunk.final)
+            stopped = chunk.tensors.get("finish_reason") == "stop"
+            self._reply.add_text(chunk.token_ids, final=chunk.final, eos=chunk.final and stopped)
         self._wake.set()
 
     def _start_reply(self, chunk: HiddenChunk, key: tuple[int, str], emit: Emit) -> None:
@@ -171,7 +182,8 @@ class TalkerSession(NodeSession):
     async def _finish_reply(self, done: TurnDone, emit: Emit) -> None:
         reply = self._reply
         if reply is not None and self._reply_key == (done.turn_id, done.response_id):
-            reply.add_text((), final=True)
+            if not reply.text_final:  # the reply's text ends here (a completed reply ended on EOS)
+                reply.add_text((), final=True, eos=done.status == "completed" and done.reason in (None, "stop"))
             self._wake.set()
             if self._speaking is not None:
                 await self._speaking  # re-raises a failed frame: the session ends with an error
@@ -215,6 +227,10 @@ class TalkerSession(NodeSession):
         task = self._speaking
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+def _field(part: Any, name: str) -> Any:
+    return part[name] if isinstance(part, dict) else getattr(part, name)
 
 
 def _optional_int(value: Any) -> int | None:

@@ -245,9 +245,10 @@ class TalkerHistory:
             return
         embeds = self.talker.prompt_embeds(token_ids, mm_hidden)
         self._keep_user_positions(token_ids, embeds)
-        self._add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
+        self.add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
 
-    def _add_grids(self, image_grid_thw, video_grid_thw, audio_feature_lengths) -> None:
+    def add_grids(self, image_grid_thw=None, video_grid_thw=None, audio_feature_lengths=None) -> None:
+        """A prefill's image/video grids and audio feature lengths (for the talker's 3-D positions)."""
         for grids, new in (
             (self.image_grids, image_grid_thw),
             (self.video_grids, video_grid_thw),
@@ -256,20 +257,19 @@ class TalkerHistory:
             if new is not None and torch.as_tensor(new).numel():
                 grids.append(torch.as_tensor(new).cpu())
 
-    def add_user_part(
-        self,
-        token_ids: torch.Tensor,
-        mm_hidden: torch.Tensor | None = None,
-        image_grid_thw: torch.Tensor | None = None,
-        video_grid_thw: torch.Tensor | None = None,
-        audio_feature_lengths: torch.Tensor | None = None,
-    ) -> None:
+    def add_user_part(self, token_ids: torch.Tensor, mm_hidden: torch.Tensor | None = None) -> None:
         """One user message the thinker already picked out (`ThinkerSession`'s `TalkerUserPart`):
-        all its ids and the accept-layer hidden states of its multimodal positions."""
+        all its ids and the accept-layer hidden states of its multimodal positions.
+
+        With this path the caller also passes the prefill's grids (`add_grids`) and ids (`track`).
+        """
         token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
         if token_ids.numel():
             self.segments.append(_UserSegment(token_ids, self.talker.prompt_embeds(token_ids, mm_hidden)))
-        self._add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
+
+    def track(self, token_ids: torch.Tensor | list[int]) -> None:
+        """Follow prefilled ids for the assistant header only (their user parts came separately)."""
+        self._track_header(torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).tolist())
 
     def add_reply(self, token_ids: torch.Tensor | list[int]) -> None:
         """Reply tokens the thinker generated (assistant role: only the role tracking cares)."""
@@ -284,13 +284,16 @@ class TalkerHistory:
             return list(header)
         return None
 
-    def _keep_user_positions(self, token_ids: torch.Tensor, embeds: torch.Tensor | None) -> None:
-        ids = token_ids.tolist()
+    def _track_header(self, ids: list[int]) -> None:
         for token in ids:
             if token == self.talker.im_start_id:
                 self._since_im_start = []
             if len(self._since_im_start) < 64:  # a header is a few tokens; never hold a whole turn
                 self._since_im_start.append(token)
+
+    def _keep_user_positions(self, token_ids: torch.Tensor, embeds: torch.Tensor | None) -> None:
+        ids = token_ids.tolist()
+        self._track_header(ids)
         keep: list[int] = []
         start = 0
         if self._awaiting_role:
