@@ -213,6 +213,7 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
     positions = range(len(sessions))
     underrun_ax.bar([p - 0.2 for p in positions], per_turn, 0.4, label="underruns per turn")
     underrun_ax.set_ylabel("underruns per turn")
+    underrun_ax.set_ylim(0, max(max(per_turn) * 1.2, 1.0))
     share_ax = underrun_ax.twinx()
     share_ax.bar([p + 0.2 for p in positions], turns_hit, 0.4, color="tab:red", alpha=0.6, label="% of turns with an underrun")
     share_ax.set_ylabel("% of turns with an underrun")

@@ -1,0 +1,72 @@
+"""One quick end-to-end run of `sgl-omni bench` against a real server with test-only model nodes.
+
+The server is the real app (realtime WebSocket route, silero VAD, dialog, speech routes) on
+127.0.0.1; the reply side is the fake reply node of the realtime tests and the fake speaker of
+the speech tests, so the run needs no model and takes seconds. The harness drives it through
+`--url`, exactly as it would drive a server started elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from benchmarks import report
+from benchmarks.cli import main
+from tests.conftest import running_server
+from tests.realtime.fakes import realtime_profile
+from tests.speech.fake_speaker import speaker_profile
+
+
+def bench_profile(voices_dir) -> dict:
+    """Realtime sessions answered by the fake reply node; speech requests by the fake speaker."""
+    profile = realtime_profile(reply={"words": 4, "chunk_ms": 200, "delay_s": 0.02})
+    speech = speaker_profile(voices_dir)
+    profile["imports"] += speech["imports"]
+    profile["resources"] = speech["resources"]
+    profile["nodes"].update(speech["nodes"])
+    profile["inputs"].update(speech["inputs"])
+    profile["outputs"] += speech["outputs"]
+    profile["speech"] = speech["speech"]
+    return profile
+
+
+async def test_a_quick_run_measures_realtime_sessions_and_speech_requests(tmp_path, capsys):
+    async with running_server(bench_profile(tmp_path / "voices")) as server:
+        args = ["realtime", "speech", "--quick", "--url", server.base_url, "--server-pid", str(os.getpid()), "--out", str(tmp_path), "--name", "quick", "--fixtures", "synthetic", "--level-budget", "0.3"]
+        assert await asyncio.to_thread(main, args) == 0
+    out = capsys.readouterr().out
+    doc = report.load_json(tmp_path / "quick.json")  # validates the schema
+
+    # Realtime: 1 then 2 concurrent sessions, one spoken turn each, every turn answered.
+    levels = {level["sessions"]: level for level in doc["realtime"]["levels"]}
+    assert sorted(levels) == [1, 2]
+    for sessions, level in levels.items():
+        assert level["errors"]["count"] == 0, level["errors"]
+        assert level["turns_completed"] == sessions
+        ttfa = level["ttfa_from_speech_stopped_ms"]
+        assert ttfa["n"] == sessions and 0 < ttfa["p50"] <= ttfa["p95"] <= ttfa["p99"]
+        # The user's audio ends before VAD can call it (a silence window later): TTFA from the end of audio is longer.
+        assert level["ttfa_from_user_audio_end_ms"]["p50"] > ttfa["p50"]
+        # The fake reply is 4 chunks of 200 ms, all arriving well inside real time.
+        assert level["reply_audio_s"]["p50"] == 0.8
+        assert level["underruns"]["total"] == 0
+        assert level["events_per_s"] > 0
+        assert level["server"]["rss_mb"] > 0
+    assert doc["settings"]["fixtures"]["source"] == "synthetic"
+
+    # Speech: whole-file and SSE at concurrency 1 and 2, and the batch endpoint.
+    modes = {(level["concurrency"], level["mode"]) for level in doc["speech"]["levels"]}
+    assert modes == {(1, "file"), (1, "sse"), (2, "file"), (2, "sse")}
+    for level in doc["speech"]["levels"]:
+        assert level["errors"]["count"] == 0 and level["ok"] >= level["concurrency"]
+        assert level["audio_s_per_s"] > 0
+        if level["mode"] == "sse":
+            assert 0 < level["first_chunk_ms"]["p50"] <= level["latency_ms"]["p50"]
+    assert doc["speech"]["batch"]["succeeded"] == 2
+
+    # The table, the JSON and the plot all came out.
+    assert "TTFA stop p50/95/99 ms" in out and "batch of 2" in out
+    assert (tmp_path / "quick.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "quick.json").read_text())["server"]["url"] == server.base_url
