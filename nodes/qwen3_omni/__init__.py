@@ -2,5 +2,6 @@
 
 Modules: `checkpoint` (tiny checkpoint builder), `model` (OmniModel, the `qwen3_omni.model`
 resource), `inputs` (one turn's chat-format tokens, audio features, image patches),
-`thinker_engine` (per-session thinker with persistent KV).
+`media_encoders` (audio/image encoders batched across turns), `thinker_engine` (per-session
+thinker with persistent KV). H1b's `talker_engine` and `code2wav_stream` complete the reply side.
 """

@@ -133,7 +133,27 @@ class OmniModel:
 
     @property
     def sample_rate_in(self) -> int:
+        """Input audio rate the feature extractor expects (16 kHz)."""
         return int(self.feature_extractor.sampling_rate)
+
+    # Reply audio: code2wav makes 24 kHz PCM.
+    output_sample_rate = 24000
+
+    @property
+    def speakers(self) -> tuple[str, ...]:
+        """The checkpoint's built-in speaker names (lower case), in talker-id order."""
+        if self.talker is None:
+            return ()
+        speaker_ids = self.config.talker_config.speaker_id or {}
+        return tuple(name.lower() for name, _ in sorted(speaker_ids.items(), key=lambda item: item[1]))
+
+    @property
+    def default_speaker(self) -> str:
+        """The speaker of a reply that names no voice: `ethan`, as `generate()`, if the checkpoint has it."""
+        speakers = self.speakers
+        if not speakers:
+            return ""
+        return "ethan" if "ethan" in speakers else speakers[0]
 
     @classmethod
     def load(

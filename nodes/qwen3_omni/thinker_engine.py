@@ -85,6 +85,10 @@ class Prefill:
     new_tokens: int  # tokens that went through the model (pending closing + this turn)
     cached_tokens: int  # context reused from the cache (its length before this prefill)
     context_tokens: int  # context length after
+    token_ids: list[int] = field(default_factory=list)  # what went through the model, in order
+    # Accept-layer hidden states at every audio/image/video position of `token_ids`, in order
+    # ([0, hidden] when there is none, or the checkpoint has no talker).
+    multimodal_hidden: torch.Tensor | None = None
     user_parts: list[TalkerUserPart] = field(default_factory=list)
     reply_started: bool = False
 
@@ -92,7 +96,8 @@ class Prefill:
 @dataclass
 class Step:
     """One reply token. `finish_reason` set means the reply is over (`token_id` may then be None):
-    stop (EOS) | length (max_reply_tokens) | context_exhausted | interrupted."""
+    stop (EOS) | length (the session's max_reply_tokens) | max_output_tokens (the reply's own
+    bound) | context_exhausted | interrupted."""
 
     token_id: int | None
     text: str
@@ -117,6 +122,8 @@ class _Reply:
     fed: int = 0  # reply tokens already in the cache
     text: str = ""
     finish_reason: str | None = None
+    limit: int = 0
+    limit_reason: str = "length"
     usage: ReplyUsage = field(default_factory=ReplyUsage)
     # Out-of-band replies roll the session back to this snapshot when they finish.
     rollback: tuple[int, list[int], int, int, int] | None = None
@@ -180,11 +187,20 @@ class ThinkerSession:
     # ------------------------------------------------------------------ turns
 
     @torch.inference_mode()
-    def prefill(self, turn: dict[str, Any], *, reply: bool | None = None, out_of_band: bool = False) -> Prefill:
+    def prefill(
+        self,
+        turn: dict[str, Any],
+        *,
+        reply: bool | None = None,
+        out_of_band: bool = False,
+        max_reply_tokens: int | None = None,
+    ) -> Prefill:
         """Feed one turn (the `encode_turns` dict; `input_ids` = this turn's tokens only).
 
         `reply` (default: the turn ends with the assistant header) starts a reply: `decode_step`
-        may follow. Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn
+        may follow, for at most `max_reply_tokens` (a client's own bound, finish reason
+        `max_output_tokens`) or the session's bound (finish reason `length`).
+        `out_of_band`: when the reply finishes, the session forgets this turn and the reply. Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn
         does not fit in `max_seq_len`.
         """
         ids = [int(i) for i in turn["input_ids"].tolist()]
@@ -192,6 +208,8 @@ class ThinkerSession:
             reply = ids[-3:] == self.tokens.assistant_header
         if self.replying:
             self.finish_reply("interrupted")
+        if reply:
+            self._interrupt.clear()  # an interrupt from here on stops this reply's first step
         new_ids = self.pending + ids
         needed = len(self.context_ids) + len(new_ids) + _CLOSING_RESERVE + (1 if reply else 0)
         if needed > self.max_seq_len:
@@ -205,7 +223,7 @@ class ThinkerSession:
         embeds, deepstack, visual_mask = self._embed(new_ids, turn)
         positions = self._positions(new_ids, turn)
         user_mask, mm_mask = self._user_and_multimodal_masks(new_ids)
-        want_hidden = self.accept_layer is not None and bool((user_mask & mm_mask).any())
+        want_hidden = self.accept_layer is not None and bool(mm_mask.any())
         logits, hidden = self._forward(embeds, positions, deepstack, visual_mask, want_hidden)
         self._append(new_ids, positions)
         self.pending = []
@@ -213,12 +231,21 @@ class ThinkerSession:
         self.image_tokens_in_context += sum(1 for i in ids if i in (self.tokens.image_pad, self.tokens.video_pad))
         self.turns += 1
         self._last_logits = logits
-        result = Prefill(new_tokens=len(new_ids), cached_tokens=cached, context_tokens=len(self.context_ids))
+        result = Prefill(
+            new_tokens=len(new_ids), cached_tokens=cached, context_tokens=len(self.context_ids), token_ids=new_ids
+        )
+        hidden_size = self.thinker.config.text_config.hidden_size
+        result.multimodal_hidden = (
+            hidden[mm_mask.to(hidden.device)] if hidden is not None else embeds.new_zeros(0, hidden_size)
+        )
         if self.omni.talker is not None:
             result.user_parts = self._talker_user_parts(new_ids, user_mask, mm_mask, hidden)
         if reply:
-            self._interrupt.clear()
             self._reply = _Reply(start=len(self.context_ids), rollback=snapshot if out_of_band else None)
+            if max_reply_tokens is not None and max_reply_tokens < self.max_reply_tokens:
+                self._reply.limit, self._reply.limit_reason = max(1, int(max_reply_tokens)), "max_output_tokens"
+            else:
+                self._reply.limit, self._reply.limit_reason = self.max_reply_tokens, "length"
             audio, image = self.audio_tokens_in_context, self.image_tokens_in_context
             self._reply.usage = ReplyUsage(
                 input_tokens=len(self.context_ids),
@@ -246,10 +273,10 @@ class ThinkerSession:
             return self._finish_step(reply, "stop", index)
         reply.token_ids.append(token)
         text = self._new_text(reply)
-        if len(reply.token_ids) >= self.max_reply_tokens:
+        if len(reply.token_ids) >= reply.limit:
             step = Step(token, text, index)
-            self._finish(reply, "length")
-            step.finish_reason = "length"
+            self._finish(reply, reply.limit_reason)
+            step.finish_reason = reply.limit_reason
             step.text += self._flush_text(reply)
             return step
         self._feed_reply_token(reply, token)
@@ -306,6 +333,7 @@ class ThinkerSession:
 
     def _finish(self, reply: _Reply, reason: str) -> None:
         reply.finish_reason = reason
+        self._interrupt.clear()
         if reply.rollback is not None:
             length, pending, audio, image, turns = reply.rollback
             self._crop_to(length)

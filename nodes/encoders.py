@@ -1,0 +1,61 @@
+"""Encoders: the thinker's audio and image encoders, batched across sessions.
+
+    encoders: {type: qwen3_omni.encoders, params: {resource: omni, max_batch: 16}}
+
+Input `features` (`Features` from preprocessing) -> output `embeddings` (`Embeddings` with the
+same tensors plus `audio_embeds`, `image_embeds`, `image_deepstack`; see
+`nodes.qwen3_omni.media_encoders`). Turns of all sessions that are ready at the same time go
+through one audio-tower forward and one vision forward (a shared `Batcher`); turns without
+audio or images pass straight through. Speech sessions submit at the lower speech priority.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
+from graph.messages import Embeddings, Features, Message
+from graph.node import Emit, Node, NodeSession, SessionInfo
+from graph.registry import register_node
+from nodes.qwen3_omni.media_encoders import encode_turns
+
+
+@register_node("qwen3_omni.encoders")
+class Encoders(Node):
+    inputs = {"features": (Features,)}
+    outputs = {"embeddings": (Embeddings,)}
+
+    async def start(self) -> None:
+        omni = self.context.resource(self.params.get("resource", "omni"))
+        self.batcher = self.context.compute.batcher(
+            f"{self.name}.encoders",
+            lambda turns: encode_turns(omni, turns),
+            max_batch=int(self.params.get("max_batch", 16)),
+        )
+
+    def open_session(self, session: SessionInfo) -> NodeSession:
+        return EncodersSession(self, session)
+
+
+class EncodersSession(NodeSession):
+    node: Encoders
+
+    async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
+        if not isinstance(message, Features):
+            return
+        tensors: dict[str, Any] = message.tensors
+        if tensors.get("audio_features") or tensors.get("pixel_values") is not None:
+            priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
+            tensors = await self.node.batcher.submit(tensors, priority)
+        await emit(
+            "embeddings",
+            Embeddings(
+                session_id=message.session_id,
+                turn_id=message.turn_id,
+                media_ms=message.media_ms,
+                item_id=message.item_id,
+                tensors=tensors,
+                reply=message.reply,
+                meta=message.meta,
+            ),
+        )

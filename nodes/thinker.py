@@ -1,0 +1,275 @@
+"""Thinker: a session's conversation with persistent KV; streams the reply's text and tokens.
+
+    thinker: {type: qwen3_omni.thinker, params: {resource: omni, max_seq_len: 32768,
+                                                 max_reply_tokens: 2048, sampling: {temperature: 0}}}
+
+Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
+- `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
+  that asked for no reply cannot be added to the history);
+- `hidden`, to the talker, in order:
+  * after every prefill, `HiddenChunk(tensors={"prompt": True, "mm_hidden", "image_grid_thw",
+    "audio_feature_lengths", "out_of_band"}, token_ids=<every token that went through the thinker>)`
+    — `mm_hidden` is the layer-`accept_hidden_layer` hidden state at each audio/image position;
+  * per reply token `HiddenChunk(response_id, token_ids=(t,), final=<last>)`, the first one with
+    `tensors["voice"]` (only when the reply wants audio);
+  * exactly one `TurnDone` per reply (status completed | incomplete | cancelled | failed, the
+    transcript and token usage with `cached_tokens` = the context reused from the KV cache).
+
+The per-session `ThinkerSession` (nodes/qwen3_omni/thinker_engine.py) keeps the KV cache across
+turns: a turn prefills only its own tokens. Each model call is one `compute.run`, so the event loop
+never computes and an `Interrupt` stops the reply before its next token.
+
+Finish reasons -> TurnDone: EOS -> completed; the reply's `max_output_tokens` or the server's
+`max_reply_tokens` -> incomplete (`max_output_tokens`); the context's `max_seq_len` -> incomplete
+(`context_exhausted`); interrupt -> cancelled. A turn that does not fit the context fails with
+`context_exhausted` and leaves the history as it was.
+
+Truncate (`conversation.item.truncate`: the listener heard `audio_end_ms` of the reply): codec
+frames last 80 ms (12.5 frames/s) and the talker has read reply tokens 0..f when it makes frame f,
+so `ceil(audio_end_ms / 80)` heard frames bound the heard text to that many reply tokens. The reply
+is cut to them in the history and the KV cache (an upper bound: the talker reads text 3-4x faster
+than it speaks, so some unheard words may stay). It is applied before the session's next model call.
+
+Speech requests (`meta["speak"]`) skip the thinker: the text's tokens go to the talker as the reply.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from graph.messages import (
+    Control,
+    Embeddings,
+    HiddenChunk,
+    Interrupt,
+    Message,
+    NodeEvent,
+    ReplyParams,
+    TextDelta,
+    Truncate,
+    TurnDone,
+    Usage,
+)
+from graph.node import Emit, Node, NodeSession, SessionInfo
+from graph.registry import register_node
+from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerError, ThinkerSession
+
+_STATUS = {
+    "stop": ("completed", None),
+    "length": ("incomplete", "max_output_tokens"),
+    "max_output_tokens": ("incomplete", "max_output_tokens"),
+    "context_exhausted": ("incomplete", "context_exhausted"),
+}
+
+
+@register_node("qwen3_omni.thinker")
+class Thinker(Node):
+    inputs = {"embeddings": (Embeddings,)}
+    outputs = {"text": (TextDelta, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
+
+    async def start(self) -> None:
+        self.omni = self.context.resource(self.params.get("resource", "omni"))
+        bounds = self.omni.bounds
+        self.max_seq_len = int(self.params.get("max_seq_len") or bounds.max_seq_len)
+        self.max_reply_tokens = int(self.params.get("max_reply_tokens") or bounds.max_reply_tokens)
+        self.sampling = Sampling.from_dict(self.params.get("sampling"))
+        code2wav = self.omni.config.code2wav_config
+        upsample = math.prod(list(code2wav.upsample_rates) + list(code2wav.upsampling_ratios))
+        self.frame_ms = 1000.0 * upsample / 24000.0
+
+    def open_session(self, session: SessionInfo) -> NodeSession:
+        return ThinkerNodeSession(self, session)
+
+
+class ThinkerNodeSession(NodeSession):
+    node: Thinker
+
+    def __init__(self, node: Thinker, session: SessionInfo):
+        super().__init__(node, session)
+        sampling = node.sampling
+        if session.config.get("sampling"):
+            sampling = Sampling.from_dict({**vars(node.sampling), **session.config["sampling"]})
+        self.engine = ThinkerSession(
+            node.omni, sampling, max_seq_len=node.max_seq_len, max_reply_tokens=node.max_reply_tokens
+        )
+        self.session_sampling = sampling
+        self.reply_key: tuple[int, str] | None = None  # (turn_id, response_id) of the reply streaming now
+        self.last_reply_key: tuple[int, str] | None = None
+        self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
+        self.interrupted = False
+
+    # ------------------------------------------------------------------ controls
+
+    def on_control(self, control: Control) -> None:
+        if isinstance(control, Interrupt) and self.reply_key is not None:
+            if self._names(control, self.reply_key):
+                self.interrupted = True
+                self.engine.interrupt()
+        elif isinstance(control, Truncate):
+            key = self.reply_key or self.last_reply_key
+            if key is not None and self._names(control, key):
+                self.pending_truncate = max(0, math.ceil(control.audio_end_ms / self.node.frame_ms))
+                if self.reply_key is not None:
+                    self.interrupted = True
+                    self.engine.interrupt()
+
+    @staticmethod
+    def _names(control: Interrupt | Truncate, key: tuple[int, str]) -> bool:
+        turn_id, response_id = key
+        if control.response_id:
+            return control.response_id == response_id
+        return control.turn_id < 0 or control.turn_id == turn_id
+
+    # ------------------------------------------------------------------ turns
+
+    async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
+        if not isinstance(message, Embeddings):
+            return
+        if message.meta.get("speak"):
+            await self._speak(message, emit)
+            return
+        compute = self.node.context.compute
+        await self._apply_truncate()
+        reply = message.reply
+        if reply is not None:
+            self.engine.set_sampling(self._sampling_for(reply))
+            # From here on an Interrupt naming this reply reaches it, even during the prefill.
+            self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
+        try:
+            prefill = await compute.run(
+                lambda: self.engine.prefill(
+                    message.tensors,
+                    reply=reply is not None,
+                    out_of_band=bool(reply and reply.out_of_band),
+                    max_reply_tokens=reply.max_output_tokens if reply is not None else None,
+                )
+            )
+        except ThinkerError as error:
+            if reply is not None:
+                self.reply_key = None
+                await emit("hidden", self._done(message, reply, "failed", error.code, Usage()))
+            else:
+                await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id,
+                                             kind="error", fields={"code": error.code, "message": error.message}))
+            return
+        if reply is not None and self.interrupted:
+            self.engine.interrupt()  # it came while the prefill ran; the first step now stops
+        await emit(
+            "hidden",
+            HiddenChunk(
+                session_id=message.session_id,
+                turn_id=message.turn_id,
+                media_ms=message.media_ms,
+                token_ids=tuple(prefill.token_ids),
+                tensors={
+                    "prompt": True,
+                    "mm_hidden": prefill.multimodal_hidden,
+                    "image_grid_thw": message.tensors.get("image_grid_thw"),
+                    "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
+                    "out_of_band": bool(reply and reply.out_of_band),
+                },
+            ),
+        )
+        if reply is not None:
+            await self._reply(message, reply, emit)
+
+    async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit) -> None:
+        compute = self.node.context.compute
+        base = {"session_id": message.session_id, "turn_id": message.turn_id, "media_ms": message.media_ms}
+        wants_audio = "audio" in reply.output_modalities
+        first = True
+        unsent: tuple[int, ...] = ()  # tokens whose text is held back (an incomplete UTF-8 sequence)
+        try:
+            while True:
+                step = await compute.run(self.engine.decode_step)
+                ids = () if step.token_id is None else (step.token_id,)
+                unsent += ids
+                if step.text:
+                    await emit("text", TextDelta(**base, response_id=reply.response_id, text=step.text, token_ids=unsent))
+                    unsent = ()
+                if wants_audio and (ids or step.finish_reason is not None):
+                    tensors: dict[str, Any] = {}
+                    if first:
+                        tensors = {"voice": reply.voice or self.session.config.get("voice"), "reply": reply}
+                        first = False
+                    await emit(
+                        "hidden",
+                        HiddenChunk(**base, response_id=reply.response_id, token_ids=ids, tensors=tensors,
+                                    final=step.finish_reason is not None),
+                    )
+                if step.finish_reason is not None:
+                    break
+        finally:
+            self.last_reply_key = self.reply_key
+            self.reply_key = None
+        if step.finish_reason == "interrupted":
+            status, reason = "cancelled", "interrupted"
+        else:
+            status, reason = _STATUS[step.finish_reason]
+        usage = self.engine.reply_usage()
+        transcript = self.engine.reply_text()
+        await self._apply_truncate()
+        await emit(
+            "hidden",
+            self._done(
+                message,
+                reply,
+                status,
+                reason,
+                Usage(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    input_text_tokens=usage.input_text_tokens,
+                    input_audio_tokens=usage.input_audio_tokens,
+                    input_image_tokens=usage.input_image_tokens,
+                    cached_tokens=usage.cached_tokens,
+                    output_text_tokens=usage.output_tokens,
+                ),
+                transcript=transcript,
+            ),
+        )
+
+    async def _apply_truncate(self) -> None:
+        heard, self.pending_truncate = self.pending_truncate, None
+        if heard is not None:
+            await self.node.context.compute.run(self.engine.truncate_reply, heard)
+
+    async def _speak(self, message: Embeddings, emit: Emit) -> None:
+        """A stateless speech request: the given text is the reply, spoken by the talker."""
+        reply = message.reply or ReplyParams()
+        base = {"session_id": message.session_id, "turn_id": message.turn_id, "media_ms": message.media_ms}
+        prompt_ids = tuple(int(i) for i in message.tensors["input_ids"].tolist())
+        reply_ids = tuple(int(i) for i in message.tensors["reply_ids"].tolist())
+        await emit("hidden", HiddenChunk(**base, token_ids=prompt_ids, tensors={"prompt": True, "mm_hidden": None}))
+        voice = reply.voice or self.session.config.get("voice")
+        await emit(
+            "hidden",
+            HiddenChunk(**base, response_id=reply.response_id, token_ids=reply_ids,
+                        tensors={"voice": voice, "reply": reply}, final=True),
+        )
+        text_tokens = int(message.meta.get("text_tokens", len(reply_ids)))
+        usage = Usage(input_tokens=text_tokens, input_text_tokens=text_tokens)
+        await emit("hidden", self._done(message, reply, "completed", None, usage, transcript=message.meta.get("text", "")))
+
+    def _sampling_for(self, reply: ReplyParams) -> Sampling:
+        if not reply.sampling:
+            return self.session_sampling
+        return Sampling.from_dict({**vars(self.session_sampling), **reply.sampling})
+
+    @staticmethod
+    def _done(message: Embeddings, reply: ReplyParams, status: str, reason: str | None, usage: Usage,
+              transcript: str = "") -> TurnDone:
+        return TurnDone(
+            session_id=message.session_id,
+            turn_id=message.turn_id,
+            media_ms=message.media_ms,
+            response_id=reply.response_id,
+            status=status,
+            reason=reason,
+            usage=usage,
+            transcript=transcript,
+        )
+
+    async def close(self) -> None:
+        self.engine.interrupt()
