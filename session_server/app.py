@@ -72,7 +72,7 @@ _STARTED = time.time()
 def _install_features(app: FastAPI, state: ServerState) -> None:
     import importlib.util
 
-    packages = ["session_server.speech"]
+    packages = ["session_server.speech", "session_server.webrtc"]
     if state.settings.enable_realtime:
         packages.append("session_server.realtime")
     for package in packages:

@@ -13,7 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from session_server.errors import openai_error_body
 from session_server.state import ServerState
 
-OPEN_PATHS = frozenset({"/health"})
+# "/" and "/playground": the static browser page (session_server/webrtc/page.py), which holds no secret.
+OPEN_PATHS = frozenset({"/health", "/", "/playground"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 

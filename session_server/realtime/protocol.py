@@ -212,6 +212,18 @@ class RealtimeProtocol:
         self._error(RealtimeError("binary_frames_unsupported", "Binary frames are not part of this protocol; send JSON text events (audio as base64)."))
         return self._flush()
 
+    def receive_audio(self, samples: Any, sample_rate: int) -> list[Action]:
+        """Input audio that arrives already decoded (float32 mono), e.g. a WebRTC media track.
+
+        Added by H5 for the WebRTC adapter: the same path as an `input_audio_buffer.append`
+        after decoding, on the same input timeline.
+        """
+        if self.state is SessionState.CLOSED or self._input_ended or not len(samples):
+            return []
+        self._to_graph(AudioChunk(samples=samples, sample_rate=sample_rate, media_ms=self._input_ms))
+        self._input_ms += len(samples) * 1000.0 / sample_rate
+        return self._flush()
+
     def graph_output(self, message: Message) -> list[Action]:
         if self.state is SessionState.CLOSED:
             return []

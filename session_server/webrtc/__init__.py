@@ -1,0 +1,49 @@
+"""WebRTC realtime sessions (OpenAI Realtime GA flow) and the browser page.
+
+`install(app, state)` adds:
+- `POST /v1/realtime/calls` (SDP offer -> answer), `POST /v1/realtime/calls/{id}/hangup`,
+  `POST /v1/realtime/client_secrets` (ephemeral `ek_` keys, registered as a key validator);
+- the browser page at `/` and `/playground` (clients/web, from package data);
+- a shutdown step that ends every call (peer connections closed) before the runtime stops.
+
+Calls run on the same protocol core (`session_server.realtime.protocol`) and graph as the
+WebSocket sessions; see call.py for what differs on WebRTC, and docs/webrtc.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import FastAPI
+
+from session_server.state import ServerState
+from session_server.webrtc.client_secrets import ClientSecrets
+from session_server.webrtc.config import WebRTCConfig
+from session_server.webrtc.page import add_page_routes
+from session_server.webrtc.registry import CallRegistry
+from session_server.webrtc.routes import add_routes
+
+
+def install(app: FastAPI, state: ServerState) -> None:
+    config = WebRTCConfig.from_profile(state.settings.profile)
+    client_secrets = ClientSecrets()
+    state.key_validators.append(client_secrets.redeem)
+    add_page_routes(app)
+    if not state.settings.enable_realtime:
+        return
+    calls = CallRegistry()
+    app.state.webrtc_calls = calls
+    app.state.client_secrets = client_secrets
+    add_routes(app, state, config, calls, client_secrets)
+
+    serve_app = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: FastAPI):
+        async with serve_app(app_) as value:
+            try:
+                yield value
+            finally:
+                await calls.close_all("server_shutdown")
+
+    app.router.lifespan_context = lifespan

@@ -1,0 +1,357 @@
+"""One WebRTC call: a peer connection around a realtime session, on the shared protocol core.
+
+    client Opus track --input pump--> InputAudio (48 kHz stereo -> 16 kHz mono) --> protocol
+    `oai-events` data channel -------------------------------------------------> protocol
+    protocol --> graph input queue --feeder--> graph session
+    graph outputs --output pump--> protocol --> events on `oai-events`
+                                            \\-> reply audio --> ReplyAudioTrack (paced Opus track)
+
+Every protocol rule lives in `session_server/realtime/protocol.py`, exactly as for the
+WebSocket; this module moves messages and media. What is WebRTC-only:
+- reply audio travels on the media track, so `response.output_audio.delta` events are not sent
+  on the data channel (as OpenAI's WebRTC does); every other event is;
+- `output_audio_buffer.started` / `.stopped` report when a reply's audio starts and stops
+  *playing* on the track; `.cleared` when queued audio was dropped;
+- barge-in: the core's Interrupt (speech during a reply, `response.cancel`,
+  `output_audio_buffer.clear`) clears the track at once, so the next 20 ms frame is silence.
+  Speech while a finished reply's audio is still playing clears the track too, and the item is
+  truncated to what was heard (`conversation.item.truncated`).
+
+Lifetime: a call ends when its session ends (idle, error, shutdown), the data channel closes,
+ICE/DTLS fails or does not connect within `connect_timeout_s`, the client hangs up, or the
+server shuts down. `close()` is idempotent and releases everything: the graph session, the
+peer connection (and its sockets), tracks and tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import secrets
+from collections import deque
+from typing import Any
+
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from graph.messages import Interrupt
+from session_server.realtime.audio_formats import decode
+from session_server.realtime.protocol import (
+    CLOSE_POLICY,
+    Action,
+    CloseSession,
+    ControlGraph,
+    RealtimeProtocol,
+    SendEvent,
+    SendToGraph,
+)
+from session_server.webrtc.config import WebRTCConfig
+from session_server.webrtc.ice import apply_candidate_policy, filter_remote_candidates, rtc_configuration
+from session_server.webrtc.media import InputAudio, ReplyAudioTrack
+
+log = logging.getLogger("session_server.webrtc")
+
+EVENTS_CHANNEL = "oai-events"
+INPUT_RATE = 16000  # what the track's audio is resampled to before it enters the graph
+# Events waiting for the data channel to open, and data-channel bytes not yet sent: past either
+# bound the client is not reading, and the call ends with reason `output_buffer_full`.
+MAX_PENDING_EVENTS = 1024
+MAX_BUFFERED_BYTES = 4 * 1024 * 1024
+# Client messages queued toward the graph; past it the call ends (`input_backlog_full`).
+MAX_PENDING_INPUTS = 1024
+CLOSE_FLUSH_S = 1.0
+
+
+class OfferError(ValueError):
+    """The offer cannot be answered (bad SDP). The HTTP route turns it into a 400."""
+
+    def __init__(self, message: str, code: str = "invalid_offer"):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class Call:
+    def __init__(self, call_id: str, protocol: RealtimeProtocol, config: WebRTCConfig, on_closed=lambda call: None):
+        self.id = call_id
+        self.protocol = protocol
+        self.config = config
+        self.graph: Any = None  # the GraphSession, set by `start`
+        self.pc = RTCPeerConnection(rtc_configuration(config))
+        self.track = ReplyAudioTrack(on_started=self._audio_started, on_stopped=self._audio_stopped)
+        self.channel: RTCDataChannel | None = None
+        self.closed = asyncio.Event()
+        self.close_reason: str | None = None
+        self._on_closed = on_closed
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending_events: deque[str] = deque()
+        self._inputs: deque[SendToGraph] = deque()
+        self._inputs_changed = asyncio.Event()
+        self._item_of: dict[str, str] = {}  # response id -> its assistant item id
+        self._cleared: set[str] = set()  # responses whose `output_audio_buffer.cleared` was sent
+        self._event_ids = 0
+        self.connected = asyncio.Event()
+
+    # ------------------------------------------------------------------ setup
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Take the client's offer; return the SDP answer (with every local candidate)."""
+        pc = self.pc
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_connection_state)
+        offer = filter_remote_candidates(offer_sdp, self.config.candidates)
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+        except Exception as exc:  # noqa: BLE001 - aiortc raises ValueError/KeyError/... on bad SDP
+            raise OfferError(f"The SDP offer could not be applied: {type(exc).__name__}: {exc}") from None
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise OfferError("The SDP offer has no audio m-line (add an audio transceiver).", "missing_audio")
+        if audio[0].sender.track is None:
+            audio[0].sender.replaceTrack(self.track)
+        audio[0].direction = "sendrecv"
+        apply_candidate_policy(pc, self.config.candidates)
+        try:
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:  # noqa: BLE001 - e.g. no codec in common
+            raise OfferError(f"No answer could be made for this offer: {type(exc).__name__}: {exc}") from None
+        return pc.localDescription.sdp
+
+    def start(self, graph: Any) -> None:
+        """Run the call on its graph session (after `answer` succeeded)."""
+        self.graph = graph
+        self.apply(self.protocol.open())
+        self._spawn(self._feeder(), "feeder")
+        self._spawn(self._output_pump(), "pump")
+        self._spawn(self._connect_deadline(), "connect-deadline")
+
+    def _spawn(self, coroutine, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=f"{self.id}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not self._closing:
+            log.error("call %s: %s failed", self.id, task.get_name(), exc_info=task.exception())
+            self.apply(self.protocol.close("internal_error"))
+
+    # ------------------------------------------------------------------ peer connection events
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL or self.channel is not None:
+            channel.close()  # only the one `oai-events` channel is part of the protocol
+            return
+        self.channel = channel
+        channel.on("message", self._on_channel_message)
+        channel.on("close", lambda: self.close_soon("client_closed"))
+        while self._pending_events and channel.readyState == "open":
+            channel.send(self._pending_events.popleft())
+
+    def _on_channel_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            self.apply(self.protocol.receive_binary(message))
+        elif len(message) > self.config.max_message_bytes:
+            self.apply(self.protocol.receive_binary(b""))  # refused like a binary frame; the session stays
+        else:
+            self.apply(self.protocol.receive_text(message))
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._input_pump(track), "input")
+
+    async def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.connected.set()
+        elif state in ("failed", "closed"):
+            self.close_soon("ice_failed" if state == "failed" else "peer_closed")
+
+    async def _connect_deadline(self) -> None:
+        try:
+            await asyncio.wait_for(self.connected.wait(), self.config.connect_timeout_s)
+        except TimeoutError:
+            self.close_soon("connect_timeout")
+
+    # ------------------------------------------------------------------ pumps
+
+    async def _input_pump(self, track: MediaStreamTrack) -> None:
+        converter = InputAudio(INPUT_RATE)
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            samples = converter.convert(frame)
+            if samples.size:
+                self.apply(self.protocol.receive_audio(samples, INPUT_RATE))
+
+    async def _feeder(self) -> None:
+        while True:
+            while not self._inputs:
+                self._inputs_changed.clear()
+                await self._inputs_changed.wait()
+            action = self._inputs.popleft()
+            try:
+                await self.graph.send(action.input, action.message)
+            except RuntimeError:
+                return  # the graph session ended; the output pump reports why
+
+    async def _output_pump(self) -> None:
+        async for message in self.graph.outputs():
+            self.apply(self.protocol.graph_output(message))
+        self.apply(self.protocol.session_ended(self.graph.end_reason or "closed", self.graph.error))
+
+    # ------------------------------------------------------------------ protocol actions
+
+    def apply(self, actions: list[Action]) -> None:
+        """Carry out the protocol's actions in order. Never awaits (the feeder awaits the graph)."""
+        for action in actions:
+            if isinstance(action, SendEvent):
+                self._event(action.event)
+            elif isinstance(action, SendToGraph):
+                if len(self._inputs) >= MAX_PENDING_INPUTS:
+                    self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
+                    return
+                self._inputs.append(action)
+                self._inputs_changed.set()
+            elif isinstance(action, ControlGraph):
+                if self.graph is not None:
+                    self.graph.control(action.control)
+                if isinstance(action.control, Interrupt):
+                    self._clear_audio(action.control.response_id)
+            elif isinstance(action, CloseSession):
+                self.close_soon(action.reason)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "response.output_audio.delta":
+            self._reply_audio(event)
+            return  # the audio travels on the media track
+        if kind == "response.output_item.added":
+            self._item_of[event["response_id"]] = event["item"]["id"]
+        elif kind == "response.done":
+            response_id = event["response"]["id"]
+            self.track.finish(response_id)
+            if event["response"]["status"] != "completed":
+                self._clear_audio(response_id)
+        elif kind == "output_audio_buffer.cleared":
+            if event.get("response_id") in self._cleared:
+                return  # already announced when the track was cleared
+            self._clear_audio(event.get("response_id"), announce=False)
+        elif kind == "input_audio_buffer.speech_started":
+            self._barge_in()
+        self._send(event)
+
+    def _reply_audio(self, event: dict[str, Any]) -> None:
+        response = self.protocol.responses.get(event["response_id"])
+        if response is None:
+            return
+        fmt = response.settings.output_format
+        self.track.push(event["response_id"], decode(base64.b64decode(event["delta"]), fmt), fmt.rate)
+
+    def _clear_audio(self, response_id: str | None, announce: bool = True) -> None:
+        audible = self.track.clear()
+        target = audible or response_id
+        if audible is not None and announce and audible not in self._cleared:
+            self._cleared.add(audible)
+            self._send_own("output_audio_buffer.cleared", response_id=audible)
+        elif target is not None:
+            self._cleared.add(target)
+
+    def _barge_in(self) -> None:
+        """Speech while reply audio plays: stop it, and keep in the conversation only what was heard."""
+        detection = self.protocol.config.turn_detection
+        playing = self.track.playing
+        if playing is None or detection is None or not detection.interrupt_response:
+            return
+        heard_ms = self.track.played_ms(playing)
+        self._clear_audio(playing)
+        item_id = self._item_of.get(playing)
+        if item_id is None:
+            return
+
+        def truncate() -> None:
+            # After the core has handled this same speech_started (and cancelled the reply if it
+            # was still generating): trim the item to what the listener heard.
+            if item_id in self.protocol.items and not self._closing:
+                event = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": int(heard_ms)}
+                self.apply(self.protocol.receive_text(json.dumps(event)))
+
+        asyncio.get_running_loop().call_soon(truncate)
+
+    def _audio_started(self, response_id: str) -> None:
+        self._send_own("output_audio_buffer.started", response_id=response_id)
+
+    def _audio_stopped(self, response_id: str) -> None:
+        self._send_own("output_audio_buffer.stopped", response_id=response_id)
+
+    def _send_own(self, kind: str, **fields: Any) -> None:
+        self._event_ids += 1
+        self._send({"type": kind, "event_id": f"event_rtc_{self._event_ids}", **fields})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self._closing:
+            return
+        text = json.dumps(event, separators=(",", ":"))
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            if channel is None and len(self._pending_events) < MAX_PENDING_EVENTS:
+                self._pending_events.append(text)
+            return
+        if channel.bufferedAmount > MAX_BUFFERED_BYTES and not self._closing:
+            self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
+            return
+        channel.send(text)
+
+    # ------------------------------------------------------------------ ending
+
+    def close_soon(self, reason: str) -> None:
+        if not self._closing:
+            asyncio.get_running_loop().create_task(self.close(reason), name=f"{self.id}:close")
+
+    async def close(self, reason: str = "closed") -> None:
+        """End the call and release everything. Idempotent."""
+        if self._closing:
+            await self.closed.wait()
+            return
+        # The protocol's own close (nothing if it already closed) sends `session.closed`.
+        for action in self.protocol.close(reason):
+            if isinstance(action, SendEvent):
+                self._send(action.event)
+        self._closing = True
+        self.close_reason = self.protocol.close_reason or reason
+        await self._flush_channel()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.graph is not None:
+            await self.graph.close(self.close_reason)
+        self.track.stop()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+        self.closed.set()
+        self._on_closed(self)
+        log.info("call %s ended: %s", self.id, self.close_reason)
+
+    async def _flush_channel(self) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_FLUSH_S
+        while channel.bufferedAmount > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+
+def new_call_id() -> tuple[str, str]:
+    """(call id, session id) sharing one random part."""
+    token = secrets.token_hex(12)
+    return f"rtc_{token}", f"sess_{token}"

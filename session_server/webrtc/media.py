@@ -1,0 +1,231 @@
+"""Audio between Opus tracks and the graph.
+
+In: aiortc decodes the client's Opus track to 48 kHz frames of packed s16 *stereo* (Opus is
+always decoded to two channels). `InputAudio` downmixes to mono and resamples with a streaming
+soxr resampler (filter state kept across frames, so frame seams are inaudible) to the rate the
+session's input takes.
+
+Out: `ReplyAudioTrack` is the track the server sends. The transport pushes reply audio
+(float32 mono, 24 kHz) into it; the track resamples to 48 kHz and hands aiortc one 20 ms frame
+per 20 ms of wall clock: paced like a real microphone, no bursts. While no reply audio is
+waiting it sends silence, so the client's jitter buffer stays primed and a reply starts at once.
+`clear()` drops what is queued: the next frame (at most 20 ms later) is silence, so barge-in
+stops the audio within one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fractions
+import time
+from collections.abc import Callable
+
+import av
+import numpy as np
+import soxr
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+TRACK_RATE = 48000
+FRAME_MS = 20
+FRAME_SAMPLES = TRACK_RATE * FRAME_MS // 1000  # 960
+# Past this much lag (a stalled event loop), the clock is reset rather than caught up with a
+# burst of frames.
+MAX_LAG_S = 0.1
+
+
+class InputAudio:
+    """Decoded track frames -> float32 mono at `rate`."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self._resampler: soxr.ResampleStream | None = None
+        self._source_rate: int | None = None
+
+    def convert(self, frame: av.AudioFrame) -> np.ndarray:
+        samples = frame_to_mono(frame)
+        if frame.sample_rate == self.rate:
+            return samples
+        if self._resampler is None or self._source_rate != frame.sample_rate:
+            self._source_rate = frame.sample_rate
+            self._resampler = soxr.ResampleStream(frame.sample_rate, self.rate, 1, dtype="float32", quality="HQ")
+        return self._resampler.resample_chunk(samples)
+
+
+def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
+    """Any decoded audio frame -> float32 mono in [-1, 1] (packed or planar, s16/s32/flt)."""
+    array = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        array = array.reshape(channels, -1).T
+    else:
+        array = array.reshape(-1, channels)
+    if array.dtype == np.int16:
+        array = array.astype(np.float32) / 32768.0
+    elif array.dtype == np.int32:
+        array = array.astype(np.float32) / 2147483648.0
+    else:
+        array = array.astype(np.float32)
+    return array.mean(axis=1) if channels > 1 else array[:, 0]
+
+
+class ReplyAudioTrack(MediaStreamTrack):
+    """The server's outgoing audio track, paced in real time.
+
+    Reply audio of one response at a time: `push(response_id, samples)` appends,
+    `finish(response_id)` says no more will come, `clear()` drops everything queued.
+    `on_started(response_id)` fires when a response's first frame leaves,
+    `on_stopped(response_id)` when its last one has (for `output_audio_buffer.started|stopped`).
+    """
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        on_started: Callable[[str], None] = lambda response_id: None,
+        on_stopped: Callable[[str], None] = lambda response_id: None,
+        input_rate: int = 24000,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = asyncio.sleep,
+    ):
+        super().__init__()
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._input_rate = input_rate
+        self._clock = clock
+        self._sleep = sleep
+        self._queue: collections.deque[tuple[str, np.ndarray]] = collections.deque()
+        self._queued = 0
+        self._resampler: soxr.ResampleStream | None = None
+        self._response_id: str | None = None  # response whose audio is queued
+        self._push_rate = input_rate
+        self._played: dict[str, int] = {}  # samples of each recent response that have left
+        self._finished: set[str] = set()
+        self._dropped: set[str] = set()  # cleared responses: their late audio is ignored
+        self._playing: str | None = None  # response whose frames are leaving now
+        self._start: float | None = None
+        self._timestamp = 0
+        self.frames_sent = 0
+        self.reply_frames_sent = 0
+
+    # ------------------------------------------------------------------ producer side
+
+    def push(self, response_id: str, samples: np.ndarray, sample_rate: int | None = None) -> None:
+        if response_id in self._dropped:
+            return
+        rate = sample_rate or self._input_rate
+        if response_id != self._response_id or rate != self._push_rate:
+            self._response_id = response_id
+            self._push_rate = rate
+            self._resampler = None
+        if self._resampler is None:
+            self._resampler = soxr.ResampleStream(rate, TRACK_RATE, 1, dtype="float32", quality="HQ")
+        resampled = self._resampler.resample_chunk(np.asarray(samples, dtype=np.float32))
+        if resampled.size:
+            self._queue.append((response_id, _to_s16(resampled)))
+            self._queued += resampled.size
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for `response_id`: flush the resampler's tail."""
+        if response_id == self._response_id and self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            if tail.size:
+                self._queue.append((response_id, _to_s16(tail)))
+                self._queued += tail.size
+            self._resampler = None
+        self._finished.add(response_id)
+
+    def clear(self) -> str | None:
+        """Drop all queued audio now. Returns the response that was audible, if any."""
+        audible = self._playing or (self._queue[0][0] if self._queue else None)
+        self._dropped.update(rid for rid, _ in self._queue)
+        self._dropped.update(rid for rid in (self._playing, self._response_id) if rid is not None)
+        self._queue.clear()
+        self._queued = 0
+        self._resampler = None
+        self._response_id = None
+        self._playing = None
+        self._finished.clear()
+        return audible
+
+    @property
+    def queued_ms(self) -> float:
+        return self._queued * 1000 / TRACK_RATE
+
+    @property
+    def playing(self) -> str | None:
+        return self._playing
+
+    def played_ms(self, response_id: str) -> float:
+        """How much of `response_id`'s audio has left on the track (what the listener heard)."""
+        return self._played.get(response_id, 0) * 1000 / TRACK_RATE
+
+    # ------------------------------------------------------------------ aiortc side
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        else:
+            due = self._start + self._timestamp / TRACK_RATE
+            if now - due > MAX_LAG_S:
+                self._start = now - self._timestamp / TRACK_RATE
+            elif due > now:
+                await self._sleep(due - now)
+        pcm = self._next_frame_pcm()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm.tobytes())
+        frame.sample_rate = TRACK_RATE
+        frame.pts = self._timestamp
+        frame.time_base = fractions.Fraction(1, TRACK_RATE)
+        self._timestamp += FRAME_SAMPLES
+        self.frames_sent += 1
+        return frame
+
+    def _next_frame_pcm(self) -> np.ndarray:
+        """One frame: reply audio when a whole frame (or a finished reply's tail) is queued, else silence."""
+        pcm = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if not self._queue:
+            self._maybe_stopped()
+            return pcm
+        response_id = self._queue[0][0]
+        whole = self._queued >= FRAME_SAMPLES or response_id in self._finished
+        if not whole:
+            return pcm  # underrun: the producer is slower than real time
+        if self._playing != response_id:
+            self._maybe_stopped()
+            self._playing = response_id
+            self._on_started(response_id)
+        filled = 0
+        while filled < FRAME_SAMPLES and self._queue and self._queue[0][0] == response_id:
+            _, chunk = self._queue[0]
+            take = min(FRAME_SAMPLES - filled, chunk.size)
+            pcm[filled:filled + take] = chunk[:take]
+            filled += take
+            self._queued -= take
+            if take == chunk.size:
+                self._queue.popleft()
+            else:
+                self._queue[0] = (response_id, chunk[take:])
+        self.reply_frames_sent += 1
+        self._played[response_id] = self._played.get(response_id, 0) + filled
+        if len(self._played) > 16:
+            del self._played[next(iter(self._played))]
+        if not self._queue or self._queue[0][0] != response_id:
+            self._maybe_stopped()
+        return pcm
+
+    def _maybe_stopped(self) -> None:
+        playing = self._playing
+        if playing is None:
+            return
+        if playing in self._finished and not any(rid == playing for rid, _ in self._queue):
+            self._playing = None
+            self._finished.discard(playing)
+            self._on_stopped(playing)
+
+
+def _to_s16(samples: np.ndarray) -> np.ndarray:
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)

@@ -1,0 +1,180 @@
+"""HTTP signalling: `POST /v1/realtime/calls` (offer -> answer), hangup, client secrets.
+
+    POST /v1/realtime/calls            body: the SDP offer (application/sdp), or multipart/form-data
+                                       with `sdp` and an optional `session` (JSON session config)
+        -> 201, body: the SDP answer (application/sdp), Location: /v1/realtime/calls/{call_id}
+    POST /v1/realtime/calls/{id}/hangup  -> 200 (ends the call)
+    POST /v1/realtime/client_secrets   {expires_after: {anchor, seconds}, session} -> {value: "ek_...", expires_at, session}
+
+Errors use the OpenAI shape. Order of checks, cheapest first, so that a refused call never
+allocates a peer connection: content type, SDP text (version line, an audio m-line), session
+config, then admission (the graph session), then the peer connection itself; a failure at any
+step releases what the earlier steps took.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from graph.errors import SessionRejected
+from session_server.auth import bearer_key
+from session_server.errors import openai_error_response
+from session_server.realtime import events as ev
+from session_server.realtime.events import RealtimeError
+from session_server.realtime.protocol import RealtimeProtocol
+from session_server.realtime.session_config import apply_update
+from session_server.state import ServerState
+from session_server.webrtc.call import Call, OfferError, new_call_id
+from session_server.webrtc.client_secrets import ClientSecretError, ClientSecrets, parse_request
+from session_server.webrtc.config import WebRTCConfig
+from session_server.webrtc.registry import CallRegistry
+
+log = logging.getLogger("session_server.webrtc")
+
+MAX_OFFER_BYTES = 64 * 1024
+
+
+class CallRefused(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.type = status, message, code, param, type
+
+    def response(self) -> JSONResponse:
+        return openai_error_response(self.status, self.message, self.type, self.param, self.code)
+
+
+def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: CallRegistry, client_secrets: ClientSecrets) -> None:
+    @app.post("/v1/realtime/calls")
+    async def create_call(request: Request) -> Response:
+        try:
+            offer, session = await _read_offer(request)
+            key = bearer_key(request.headers.raw)
+            if key and state.settings.api_key is None:
+                client_secrets.redeem(key)  # no auth configured: the middleware did not redeem it
+            session = {**(client_secrets.session_of(key) or {}), **session}
+            requested = request.query_params.get("model") or session.get("model")
+            if requested and requested != state.settings.model_id:
+                raise CallRefused(
+                    400,
+                    f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.",
+                    "model_not_found",
+                    "model",
+                )
+            call_id, session_id = new_call_id()
+            protocol = RealtimeProtocol(session_id, state.settings.model_id)
+            _initial_config(protocol, session)
+            answer = await _start_call(state, config, calls, call_id, protocol, offer)
+        except CallRefused as refused:
+            return refused.response()
+        return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": f"/v1/realtime/calls/{call_id}"})
+
+    @app.post("/v1/realtime/calls/{call_id}/hangup")
+    async def hangup(call_id: str) -> Response:
+        call = calls.get(call_id)
+        if call is None:
+            return openai_error_response(404, f"No call {call_id!r}.", code="call_not_found", param="call_id")
+        await call.close("hangup")
+        return JSONResponse({})
+
+    @app.post("/v1/realtime/client_secrets")
+    async def create_client_secret(request: Request) -> Response:
+        if (bearer_key(request.headers.raw) or "").startswith("ek_"):
+            return openai_error_response(403, "An ephemeral key cannot mint client secrets.", code="invalid_api_key")
+        try:
+            body = await request.json() if await request.body() else {}
+        except ValueError:
+            return openai_error_response(400, "The request body is not valid JSON.", code="invalid_json")
+        try:
+            seconds, session = parse_request(body)
+            protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id)
+            _initial_config(protocol, session)
+            secret = client_secrets.mint(seconds, session)
+        except ClientSecretError as exc:
+            return openai_error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+        except CallRefused as refused:
+            return refused.response()
+        wire = protocol.config.to_wire("sess_client_secret")
+        wire.pop("id", None)
+        return JSONResponse({"value": secret.value, "expires_at": int(secret.expires_at), "session": wire})
+
+
+async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    session: Any = {}
+    if content_type == "multipart/form-data":
+        form = await request.form()
+        sdp = form.get("sdp")
+        raw_session = form.get("session")
+        if isinstance(sdp, UploadFile):
+            sdp = (await sdp.read()).decode("utf-8", "replace")
+        if isinstance(raw_session, UploadFile):
+            raw_session = (await raw_session.read()).decode("utf-8", "replace")
+        if raw_session:
+            try:
+                session = json.loads(raw_session)
+            except ValueError:
+                raise CallRefused(400, "The `session` part is not valid JSON.", "invalid_json", "session") from None
+            if not isinstance(session, dict):
+                raise CallRefused(400, "The `session` part must be a JSON object.", "invalid_type", "session")
+    elif content_type in ("application/sdp", "text/plain", ""):
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            raise CallRefused(413, f"The SDP offer is larger than {MAX_OFFER_BYTES} bytes.", "invalid_offer", "sdp")
+        sdp = body.decode("utf-8", "replace")
+    else:
+        raise CallRefused(
+            415,
+            f"Send the SDP offer as application/sdp, or multipart/form-data with `sdp` and `session`; got {content_type!r}.",
+            "unsupported_content_type",
+        )
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise CallRefused(400, "The request carries no SDP offer.", "missing_required_parameter", "sdp")
+    if len(sdp) > MAX_OFFER_BYTES:
+        raise CallRefused(413, f"The SDP offer is larger than {MAX_OFFER_BYTES} bytes.", "invalid_offer", "sdp")
+    lines = [line.strip() for line in sdp.strip().splitlines()]
+    if lines[0] != "v=0":
+        raise CallRefused(400, "The body is not an SDP offer (it must start with `v=0`).", "invalid_offer", "sdp")
+    if not any(line.startswith("m=audio ") for line in lines):
+        raise CallRefused(400, "The SDP offer has no audio m-line; a realtime call needs one audio track.", "missing_audio", "sdp")
+    return sdp, session
+
+
+def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:
+    """Apply a `session` config given with the offer (or minted into the key) before the session opens."""
+    session = {key: value for key, value in session.items() if key not in ("type", "model")}
+    if not session:
+        return
+    try:
+        event = ev.parse_client_event(json.dumps({"type": "session.update", "session": session}))
+        protocol.config = apply_update(protocol.config, event.session, turns_processed=False, audio_produced=False)
+    except RealtimeError as error:
+        raise CallRefused(400, error.message, error.code, error.param) from None
+
+
+async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegistry, call_id: str, protocol: RealtimeProtocol, offer: str) -> str:
+    try:
+        graph = await state.runtime.open_session(protocol.session_id, "realtime", protocol.graph_config())
+    except SessionRejected as rejected:
+        status = 429 if rejected.code == "session_limit_reached" else 503
+        raise CallRefused(status, rejected.message, rejected.code, type="invalid_request_error" if status == 429 else "server_error") from None
+    call = Call(call_id, protocol, config, on_closed=calls.forget)
+    calls.add(call)
+    try:
+        answer = await call.answer(offer)
+    except OfferError as error:
+        await graph.close("invalid_offer")
+        await call.close("invalid_offer")
+        raise CallRefused(400, error.message, error.code, "sdp") from None
+    except BaseException:
+        await graph.close("internal_error")
+        await call.close("internal_error")
+        raise
+    call.start(graph)
+    log.info("call %s: session %s answered", call_id, protocol.session_id)
+    return answer
