@@ -62,6 +62,7 @@ class TalkerNode(Node):
         self.model: TalkerModel | None = None
         self.omni: Any = None
         self.limits = TalkerLimits()
+        self.sessions: dict[str, TalkerSession] = {}  # live sessions (for inspection and metrics)
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
@@ -77,7 +78,9 @@ class TalkerNode(Node):
         )
 
     def open_session(self, session: SessionInfo) -> NodeSession:
-        return TalkerSession(self, session)
+        state = TalkerSession(self, session)
+        self.sessions[session.session_id] = state
+        return state
 
     def speaker_for(self, voice: str | None) -> str:
         """The checkpoint speaker a session/reply voice names (default speaker when unknown)."""
@@ -101,6 +104,7 @@ class TalkerSession(NodeSession):
         self._reply_key: tuple[int, str] | None = None
         self._speaking: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._rollback: Any = None  # history snapshot to return to after an out-of-band reply
 
     # ------------------------------------------------------------------ inputs
 
@@ -123,6 +127,7 @@ class TalkerSession(NodeSession):
                 self._wake.set()
 
     async def close(self) -> None:
+        self.node.sessions.pop(self.session.session_id, None)
         if self._reply is not None:
             self._reply.cancel()
         if self._speaking is not None:
@@ -130,6 +135,8 @@ class TalkerSession(NodeSession):
             await asyncio.gather(self._speaking, return_exceptions=True)
 
     async def _add_prompt(self, chunk: HiddenChunk) -> None:
+        if chunk.tensors.get("out_of_band") and self._rollback is None:
+            self._rollback = self.history.snapshot()  # undone at that reply's TurnDone
         await self.node.context.compute.run(self._add_prompt_now, chunk)
 
     def _add_prompt_now(self, chunk: HiddenChunk) -> None:
@@ -154,8 +161,11 @@ class TalkerSession(NodeSession):
         assert self._reply is not None
         self.history.add_reply(list(chunk.token_ids))
         if not self._reply.text_final:
-            stopped = chunk.tensors.get("finish_reason") == "stop"
-            self._reply.add_text(chunk.token_ids, final=chunk.final, eos=chunk.final and stopped)
+            reason = chunk.tensors.get("finish_reason")
+            if chunk.final and reason is not None:
+                self._reply.add_text(chunk.token_ids, final=True, eos=reason == "stop")
+            else:  # a final chunk without a reason: the TurnDone right behind it says how the text ended
+                self._reply.add_text(chunk.token_ids)
         self._wake.set()
 
     def _start_reply(self, chunk: HiddenChunk, key: tuple[int, str], emit: Emit) -> None:
@@ -192,6 +202,9 @@ class TalkerSession(NodeSession):
             self._reply = None
             self._reply_key = None
             self._speaking = None
+        if self._rollback is not None:
+            self.history.restore(self._rollback)
+            self._rollback = None
         await emit("codes", done)
 
     # ------------------------------------------------------------------ frames

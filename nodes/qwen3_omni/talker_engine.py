@@ -319,6 +319,27 @@ class TalkerHistory:
         elif keep:
             raise ValueError("user-role tokens arrived without prompt embeddings (as reply tokens)")
 
+    def snapshot(self) -> tuple[Any, ...]:
+        """State to `restore` after an out-of-band reply, which must leave no trace."""
+        return (
+            len(self.segments),
+            len(self.image_grids),
+            len(self.video_grids),
+            len(self.audio_feature_lengths),
+            self._role,
+            self._awaiting_role,
+            self._held,
+            list(self._since_im_start),
+        )
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        segments, images, videos, audios, self._role, self._awaiting_role, self._held, since = snapshot
+        del self.segments[segments:]
+        del self.image_grids[images:]
+        del self.video_grids[videos:]
+        del self.audio_feature_lengths[audios:]
+        self._since_im_start = list(since)
+
     @property
     def user_length(self) -> int:
         return sum(int(segment.token_ids.shape[0]) for segment in self.segments)
@@ -374,8 +395,8 @@ class TalkerReply:
 
     @property
     def reply_tokens(self) -> int:
-        """Reply tokens the talker has read or will read (an appended EOS counts, as in generate())."""
-        return len(self._text) - self._header_extra
+        """Reply tokens received so far (an end-of-sequence token the caller did not pass is not one)."""
+        return len(self._text) - self._header_extra - int(self._eos_appended)
 
     def add_text(self, token_ids: list[int] | tuple[int, ...], final: bool = False, eos: bool = False) -> None:
         """Reply tokens as the thinker samples them; `final` when the reply's text has ended.

@@ -119,3 +119,39 @@ async def test_a_second_reply_after_turn_done_gets_its_own_stream(runtime):
     talker = runtime.nodes["talker"]
     assert talker is not None
     await session.close()
+
+
+async def test_the_first_frame_and_audio_come_after_the_replys_first_token(runtime):
+    session = await runtime.open_session("s")
+    await session.send("hidden", prompt_chunk(runtime))
+    await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104,)))
+
+    out = await collect(session, until=AudioOut)  # nothing else was sent: one token was enough
+
+    assert [type(m) for m in out] == [CodecFrames, AudioOut]
+    assert len(out[1].samples) == 1920 - 555
+    session.control(Interrupt(turn_id=1))
+    await session.send("hidden", TurnDone(turn_id=1, response_id="r1", status="cancelled"))
+    await collect(session)
+    await session.close()
+
+
+async def test_an_out_of_band_reply_leaves_no_user_turn_in_the_talker_history(runtime):
+    session = await runtime.open_session("s")
+    talker_session = runtime.nodes["talker"]
+    await session.send("hidden", prompt_chunk(runtime, "kept"))
+    await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104,), final=True))
+    await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
+    await collect(session)
+    out_of_band = prompt_chunk(runtime, "forgotten")
+    out_of_band.tensors["out_of_band"] = True
+    out_of_band.turn_id = 2
+    await session.send("hidden", out_of_band)
+    await session.send("hidden", HiddenChunk(turn_id=2, response_id="r2", token_ids=(104,), final=True))
+    await session.send("hidden", TurnDone(turn_id=2, response_id="r2"))
+    await collect(session)
+
+    history = next(iter(talker_session.sessions.values())).history
+    text = runtime.resources["omni"].tokenizer.decode(torch.cat([s.token_ids for s in history.segments]))
+    assert "kept" in text and "forgotten" not in text
+    await session.close()
