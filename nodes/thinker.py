@@ -7,11 +7,13 @@ Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
 - `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
   that asked for no reply cannot be added to the history);
 - `hidden`, to the talker, in order:
-  * after every prefill, `HiddenChunk(tensors={"prompt": True, "mm_hidden", "image_grid_thw",
-    "audio_feature_lengths", "out_of_band"}, token_ids=<every token that went through the thinker>)`
-    — `mm_hidden` is the layer-`accept_hidden_layer` hidden state at each audio/image position;
+  * after every prefill, `HiddenChunk(tensors={"prompt": True, "mm_hidden", "user_parts",
+    "image_grid_thw", "audio_feature_lengths", "out_of_band"}, token_ids=<every token that went
+    through the thinker>)` — `mm_hidden` is the layer-`accept_hidden_layer` hidden state at each
+    audio/image position, `user_parts` the same cut per user message (`TalkerUserPart`);
   * per reply token `HiddenChunk(response_id, token_ids=(t,), final=<last>)`, the first one with
-    `tensors["voice"]` (only when the reply wants audio);
+    `tensors["voice"]` and `["reply"]`, the final one with `["finish_reason"]` (the engine's:
+    `stop` = EOS, the whole text is spoken) — only when the reply wants audio;
   * exactly one `TurnDone` per reply (status completed | incomplete | cancelled | failed, the
     transcript and token usage with `cached_tokens` = the context reused from the KV cache).
 
@@ -165,6 +167,7 @@ class ThinkerNodeSession(NodeSession):
                 tensors={
                     "prompt": True,
                     "mm_hidden": prefill.multimodal_hidden,
+                    "user_parts": prefill.user_parts,
                     "image_grid_thw": message.tensors.get("image_grid_thw"),
                     "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
                     "out_of_band": bool(reply and reply.out_of_band),
@@ -193,6 +196,8 @@ class ThinkerNodeSession(NodeSession):
                     if first:
                         tensors = {"voice": reply.voice or self.session.config.get("voice"), "reply": reply}
                         first = False
+                    if step.finish_reason is not None:
+                        tensors["finish_reason"] = step.finish_reason
                     await emit(
                         "hidden",
                         HiddenChunk(**base, response_id=reply.response_id, token_ids=ids, tensors=tensors,
@@ -246,7 +251,7 @@ class ThinkerNodeSession(NodeSession):
         await emit(
             "hidden",
             HiddenChunk(**base, response_id=reply.response_id, token_ids=reply_ids,
-                        tensors={"voice": voice, "reply": reply}, final=True),
+                        tensors={"voice": voice, "reply": reply, "finish_reason": "stop"}, final=True),
         )
         text_tokens = int(message.meta.get("text_tokens", len(reply_ids)))
         usage = Usage(input_tokens=text_tokens, input_text_tokens=text_tokens)
