@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     load = parser.add_argument_group("load")
     load.add_argument("--sessions", type=_ints, help="realtime: concurrent sessions per level (default 1,4,16; quick 1,2)")
     load.add_argument("--turns", type=int, help="realtime: spoken turns per session (default 2; quick 1)")
-    load.add_argument("--max-output-tokens", type=int, default=32, help="realtime: thinker tokens per reply (bounds the run; default 32)")
+    load.add_argument("--max-output-tokens", type=int, default=16, help="realtime: thinker tokens per reply (bounds the run; default 16)")
     load.add_argument("--stagger", type=float, default=1.0, help="realtime: sessions start at seeded offsets within this many seconds")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "components" in scenarios:
         from benchmarks import components
 
-        doc["components"] = components.run(args.config, quick=quick, seed=args.seed, deadline=deadline)
+        doc["components"] = components.run(args.config, quick=quick, seed=args.seed, deadline=deadline, max_output_tokens=args.max_output_tokens)
         doc["ratios"] = components.ratios(doc)
     doc["wall_s"] = round(time.monotonic() - started, 1)
     return doc

@@ -108,7 +108,7 @@ class RealtimeSettings:
     stagger_s: float = 1.0
     gap_s: float = 0.5  # silence after a reply before the next turn
     turn_timeout_s: float = 60.0
-    max_output_tokens: int | None = 32
+    max_output_tokens: int | None = 16
     voice: str | None = None
     seed: int = 0
 
@@ -248,7 +248,8 @@ class _Session:
                 reply.done_at = now
                 reply.status = response.get("status")
                 reply.output_tokens = (response.get("usage") or {}).get("output_tokens")
-                if reply.status not in ("completed", None):
+                # `incomplete` is a reply cut at max_output_tokens, as asked: not an error.
+                if reply.status in ("failed", "cancelled"):
                     self.result.errors.append(f"response_{reply.status}")
             self._check_done()
 
@@ -316,6 +317,9 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
         return [m[key] for m in turn_metrics if m[key] is not None]
 
     underruns = values("underruns")
+    statuses: dict[str, int] = {}
+    for m in turn_metrics:
+        statuses[str(m["status"])] = statuses.get(str(m["status"]), 0) + 1
     return {
         "sessions": sessions,
         "turns_planned": sessions * settings.turns,
@@ -331,6 +335,7 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
             "turns_with_underrun": sum(1 for u in underruns if u > 0),
             "stall_ms": summarize(values("stall_s"), 1000),
         },
+        "reply_status": statuses,
         "vad_splits": int(sum(values("vad_splits"))),
         "events": sum(r.events for r in results),
         "events_per_s": round(sum(r.events for r in results) / wall_s, 1) if wall_s > 0 else None,

@@ -1,0 +1,55 @@
+"""The `components` scenario: direct model figures on the tiny checkpoint, and the ratios built on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import components
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return components.run(None, quick=True, max_output_tokens=4)
+
+
+def test_every_component_is_measured_on_the_embedded_default(figures):
+    for name in ("vad", "reply", "thinker", "talker", "code2wav", "speech"):
+        assert "skipped" not in figures[name], (name, figures[name])
+
+
+def test_the_direct_reply_figures_hang_together(figures):
+    reply, thinker, talker = figures["reply"], figures["thinker"], figures["talker"]
+    assert 0 < reply["first_audio_ms"] <= reply["compute_s"] * 1000
+    assert thinker["prefill_tokens"] > 0 and thinker["decode_tokens"] == 4  # max_output_tokens
+    assert talker["frames"] > 0 and reply["audio_s"] > 0
+    assert figures["code2wav"]["audio_s"] == reply["audio_s"]
+
+
+def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(figures):
+    vad = figures["vad"]
+    assert vad["audio_s"] == pytest.approx(10.0, abs=0.05)
+    assert 0.2 < vad["speech_share"] < 1.0  # the fixture is speech with pauses
+    assert vad["batched_sessions"] == 4 and vad["batched_x_realtime"] > 0
+
+
+def test_ratios_divide_server_figures_by_direct_ones():
+    level = {"sessions": 4, "ttfa_from_speech_stopped_ms": {"p50": 300.0, "p95": 600.0}}
+    doc = {
+        "realtime": {"levels": [level]},
+        "speech": {
+            "levels": [
+                {"concurrency": 2, "mode": "file", "ok": 3, "audio_s_per_s": 20.0, "first_chunk_ms": {}},
+                {"concurrency": 2, "mode": "sse", "ok": 3, "audio_s_per_s": 20.0, "first_chunk_ms": {"p50": 30.0}},
+            ],
+            "batch": {"audio_s_per_s": 15.0},
+        },
+        "components": {"reply": {"first_audio_ms": 100.0}, "speech": {"audio_s_per_s": 10.0, "first_chunk_ms": 10.0}},
+    }
+    assert components.ratios(doc) == {
+        "realtime N=4 TTFA p50 / direct first audio": 3.0,
+        "realtime N=4 TTFA p95 / direct first audio": 6.0,
+        "speech C=2 audio s/s / direct": 2.0,
+        "speech batch audio s/s / direct": 1.5,
+        "speech C=2 SSE first chunk p50 / direct": 3.0,
+    }
+    assert components.ratios({"components": {"reply": {"skipped": "no model"}}}) == {}
