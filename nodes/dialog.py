@@ -246,7 +246,7 @@ class DialogSession(NodeSession):
         start = self.utterance_start_ms if self.utterance_start_ms is not None else self.now_ms
         end = end_ms if end_ms is not None else self.now_ms
         audio = np.concatenate([c.samples for c in self.utterance]).astype(np.float32) if self.utterance else None
-        frames = [f for f in self.images if start - self.prefix_ms <= f.media_ms <= end][-self.node.max_utterance_frames :]
+        frames = [f for f in self.images if start <= f.media_ms <= end][-self.node.max_utterance_frames :]
         item_id = self.item_id or _item_id()
         turn_id = self._next_turn()
         await emit(

@@ -177,7 +177,16 @@ class VadSession(NodeSession):
         return None
 
     async def _flush_partial(self, emit) -> None:
-        # A commit must see every sample appended before it, even less than one window.
+        # A commit must see every sample appended before it: the resampler's filter delay and
+        # the last partial window too. (The next audio starts a fresh resampler stream.)
+        if self.resampler is not None:
+            tail = self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            self.resampler = None
+            if len(tail):
+                self.pending = np.concatenate([self.pending, tail])
+            while len(self.pending) >= WINDOW:
+                window, self.pending = self.pending[:WINDOW], self.pending[WINDOW:]
+                await self._window(window, emit)
         if len(self.pending):
             window, self.pending = self.pending, np.zeros(0, np.float32)
             start_ms = self.now_ms

@@ -1,0 +1,203 @@
+"""The protocol core on its own: no socket, no graph, just events in and actions out."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+from graph.messages import AudioChunk, AudioOut, Command, Interrupt, NodeEvent, TextDelta, TurnDone, Usage
+from session_server.realtime.protocol import (
+    CLOSE_INTERNAL,
+    CloseSession,
+    ControlGraph,
+    RealtimeProtocol,
+    ResponseState,
+    SendEvent,
+    SendToGraph,
+    SessionState,
+)
+
+
+def events(actions) -> list[dict]:
+    return [a.event for a in actions if isinstance(a, SendEvent)]
+
+
+def kinds(actions) -> list[str]:
+    return [e["type"] for e in events(actions)]
+
+
+def graph_messages(actions) -> list:
+    return [a.message for a in actions if isinstance(a, SendToGraph)]
+
+
+def send(protocol: RealtimeProtocol, **event) -> list:
+    return protocol.receive_text(json.dumps(event))
+
+
+def opened() -> RealtimeProtocol:
+    protocol = RealtimeProtocol("sess_1", "model-x")
+    assert kinds(protocol.open()) == ["session.created"]
+    return protocol
+
+
+def commit(protocol: RealtimeProtocol, item_id: str, turn_id: int) -> list:
+    return protocol.graph_output(NodeEvent(kind="committed", turn_id=turn_id, fields={"item_id": item_id, "auto_reply": True}))
+
+
+def test_session_created_carries_the_full_effective_session():
+    protocol = RealtimeProtocol("sess_1", "model-x")
+    (created,) = events(protocol.open())
+    session = created["session"]
+    assert (session["id"], session["model"], session["type"]) == ("sess_1", "model-x", "realtime")
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    detection = session["audio"]["input"]["turn_detection"]
+    assert (detection["threshold"], detection["prefix_padding_ms"], detection["silence_duration_ms"]) == (0.5, 300, 500)
+    assert created["event_id"]
+
+
+def test_appended_audio_enters_the_graph_on_one_timeline():
+    protocol = opened()
+    pcm = base64.b64encode(np.zeros(2400, "<i2").tobytes()).decode()  # 100 ms at 24 kHz
+    chunks = [graph_messages(send(protocol, type="input_audio_buffer.append", audio=pcm))[0] for _ in range(3)]
+    assert all(isinstance(c, AudioChunk) and c.sample_rate == 24000 for c in chunks)
+    assert [c.media_ms for c in chunks] == [0.0, 100.0, 200.0]
+
+
+def test_a_reply_waits_queued_behind_the_active_one_and_its_early_output_is_held():
+    protocol = opened()
+    first = commit(protocol, "item_a", 1)
+    assert kinds(first) == [
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    (active,) = protocol.responses.values()
+    assert active.state is ResponseState.IN_PROGRESS
+    second_actions = commit(protocol, "item_b", 3)
+    assert "response.created" not in kinds(second_actions)
+    queued = [r for r in protocol.responses.values() if r is not active][0]
+    assert queued.state is ResponseState.QUEUED
+    # The model already talks for the queued reply (its thinker is ahead of the first's audio).
+    assert protocol.graph_output(TextDelta(response_id=queued.id, text="early ")) == []
+    done = protocol.graph_output(TurnDone(response_id=active.id, usage=Usage(input_tokens=5, output_tokens=2)))
+    sequence = kinds(done)
+    assert sequence.index("response.done") < sequence.index("response.created")
+    assert sequence[-2:] == ["response.content_part.added", "response.output_audio_transcript.delta"]
+    delta = next(e for e in events(done) if e["type"] == "response.output_audio_transcript.delta")
+    assert (delta["response_id"], delta["delta"]) == (queued.id, "early ")
+    assert queued.state is ResponseState.IN_PROGRESS
+
+
+def test_barge_in_interrupts_the_graph_and_drops_late_output():
+    protocol = opened()
+    commit(protocol, "item_a", 1)
+    (active,) = protocol.responses.values()
+    protocol.graph_output(NodeEvent(kind="turn_queued", turn_id=2, fields={"response_id": active.id}))
+    protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(2400, np.float32)))
+    actions = protocol.graph_output(NodeEvent(kind="speech_started", fields={"audio_start_ms": 900, "item_id": "item_b"}))
+    assert kinds(actions)[0] == "input_audio_buffer.speech_started"
+    (control,) = [a.control for a in actions if isinstance(a, ControlGraph)]
+    assert isinstance(control, Interrupt) and (control.turn_id, control.response_id) == (2, active.id)
+    done = events(actions)[-1]
+    assert (done["type"], done["response"]["status"]) == ("response.done", "cancelled")
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert active.state is ResponseState.DONE
+    # Output still in flight for the cancelled reply goes nowhere.
+    assert protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(2400, np.float32))) == []
+    assert protocol.graph_output(TurnDone(response_id=active.id, status="cancelled")) == []
+    # The dialog node is told the reply is over (it bounds queued turns with that).
+    reply_done = [m for m in graph_messages(actions) if isinstance(m, Command) and m.name == "reply_done"]
+    assert reply_done and reply_done[0].args == {"response_id": active.id}
+
+
+def test_speech_does_not_cancel_when_interrupt_response_is_off():
+    protocol = opened()
+    send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}}})
+    commit(protocol, "item_a", 1)
+    actions = protocol.graph_output(NodeEvent(kind="speech_started", fields={"audio_start_ms": 900, "item_id": "item_b"}))
+    assert kinds(actions) == ["input_audio_buffer.speech_started"]
+
+
+def test_a_failed_graph_fails_the_reply_then_closes_with_session_closed_last():
+    protocol = opened()
+    commit(protocol, "item_a", 1)
+    actions = protocol.session_ended("error: internal_error", ("internal_error", "node 'thinker' failed"))
+    sequence = kinds(actions)
+    assert sequence[-3:] == ["response.done", "error", "session.closed"]
+    assert events(actions)[-3]["response"]["status"] == "failed"
+    assert isinstance(actions[-1], CloseSession) and actions[-1].code == CLOSE_INTERNAL
+    assert protocol.state is SessionState.CLOSED
+    # Events after close are not processed and produce nothing.
+    assert send(protocol, type="response.create") == []
+    assert protocol.receive_binary(b"x") == []
+    assert protocol.graph_output(TextDelta(text="late")) == []
+
+
+def test_beta_field_names_are_accepted_and_answered_in_ga_shape():
+    protocol = opened()
+    actions = send(
+        protocol,
+        type="session.update",
+        session={
+            "modalities": ["text"],
+            "voice": "ethan",
+            "input_audio_format": "g711_alaw",
+            "output_audio_format": "pcm16",
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 800},
+            "max_response_output_tokens": 50,
+            "temperature": 0.7,
+        },
+    )
+    session = events(actions)[-1]["session"]
+    assert session["output_modalities"] == ["text"]
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcma"}
+    assert session["audio"]["output"]["voice"] == "ethan"
+    assert session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
+    assert session["max_output_tokens"] == 50
+    assert session["sglang"] == {"temperature": 0.7}
+    configure = [m for m in graph_messages(actions) if isinstance(m, Command)]
+    assert {m.target for m in configure} == {"silero_vad", "dialog"}
+
+
+def test_semantic_vad_is_served_as_server_vad_and_says_so():
+    protocol = opened()
+    actions = send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
+    detection = events(actions)[-1]["session"]["audio"]["input"]["turn_detection"]
+    assert detection["type"] == "semantic_vad"
+    assert detection["sglang"] == {"served_as": "server_vad", "silence_duration_ms": 300}
+
+
+def test_a_rejected_update_changes_nothing():
+    protocol = opened()
+    before = protocol.config
+    actions = send(protocol, type="session.update", session={"output_modalities": ["text"], "audio": {"output": {"format": {"type": "audio/flac"}}}})
+    assert kinds(actions) == ["error"]
+    assert protocol.config == before
+
+
+def test_voice_is_locked_once_audio_was_produced():
+    protocol = opened()
+    commit(protocol, "item_a", 1)
+    (active,) = protocol.responses.values()
+    protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(240, np.float32)))
+    actions = send(protocol, type="session.update", session={"audio": {"output": {"voice": "aiden"}}})
+    assert events(actions)[0]["error"]["code"] == "voice_locked"
+
+
+def test_item_ids_are_unique_and_previous_item_id_links_the_conversation():
+    protocol = opened()
+    for n in range(3):
+        send(protocol, type="conversation.item.create", item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"t{n}"}]})
+    ids = list(protocol.items)
+    assert len(set(ids)) == 3
+    actions = send(protocol, type="conversation.item.create", item={"type": "message", "role": "system", "content": [{"type": "input_text", "text": "x"}]})
+    added = events(actions)[0]
+    assert added["previous_item_id"] == ids[-1]
+    add_item = graph_messages(actions)[0]
+    assert (add_item.name, add_item.args["role"], add_item.args["text"]) == ("add_item", "system", "x")
