@@ -1,6 +1,6 @@
 """Preprocessing: one `Turn` -> the model inputs of that turn only (`Features`).
 
-    preprocessing: {type: qwen3_omni.preprocessing, params: {resource: omni}}
+    preprocessing: {type: qwen3_omni.preprocessing, params: {resource: omni, max_utterance_frames: 4}}
 
 Input `turns`: `Turn`s from dialog (user utterances with their images, client items, reply
 requests) and stateless speech requests. Output `features`: one `Features` per turn with
@@ -39,6 +39,8 @@ class Preprocessing(Node):
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
+        # Images per turn: the newest ones win (dialog already picks the frames of the utterance).
+        self.max_utterance_frames = int(self.params.get("max_utterance_frames", 4))
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return PreprocessingSession(self, session)
@@ -77,7 +79,7 @@ class PreprocessingSession(NodeSession):
             role=turn.role,
             text=turn.text,
             audio=turn.audio,
-            images=list(turn.images),
+            images=list(turn.images)[-self.node.max_utterance_frames :] if self.node.max_utterance_frames else [],
             system_prompt=system,
             add_generation_prompt=reply is not None,
         )

@@ -113,7 +113,7 @@ def build_turn_inputs(
         ids += [tok.im_start, tok.system, tok.newline, *encode(system_prompt), *tok.closing]
 
     turn = TurnInputs(input_ids=ids)
-    has_content = bool(text) or audio is not None or bool(images)
+    has_content = bool(text) or (audio is not None and len(audio) >= omni.feature_extractor.hop_length) or bool(images)
     if has_content:
         role_id = {"user": tok.user, "assistant": tok.assistant, "system": tok.system}.get(role)
         if role_id is None:
@@ -126,8 +126,8 @@ def build_turn_inputs(
                 count = int(np.prod(grid)) // merge
                 ids += [tok.vision_start, *([tok.image_pad] * count), tok.vision_end]
                 turn.image_tokens += count
-        if audio is not None and len(audio) > 0:
-            features, frames = audio_features(omni, audio)
+        features, frames = audio_features(omni, audio) if audio is not None and len(audio) else (None, 0)
+        if frames > 0:  # less than one 10 ms hop is no audio
             count = audio_token_count(frames, omni.config.thinker_config.audio_config.n_window)
             turn.audio_features.append(features)
             turn.audio_feature_lengths.append(frames)

@@ -206,6 +206,10 @@ class ThinkerSession:
         ids = [int(i) for i in turn["input_ids"].tolist()]
         if reply is None:
             reply = ids[-3:] == self.tokens.assistant_header
+        if not ids and not reply:  # nothing to add; a previous reply's closing keeps waiting
+            n = len(self.context_ids)
+            return Prefill(new_tokens=0, cached_tokens=n, context_tokens=n,
+                           multimodal_hidden=torch.zeros(0, self.thinker.config.text_config.hidden_size))
         if self.replying:
             self.finish_reply("interrupted")
         if reply:
@@ -286,6 +290,7 @@ class ThinkerSession:
         """Ask the running reply to stop before its next step (thread-safe, never blocks)."""
         self._interrupt.set()
 
+    @torch.inference_mode()
     def finish_reply(self, reason: str = "interrupted") -> None:
         """End the running reply now (e.g. on interrupt); it stays in the history as far as it got."""
         if self.replying:

@@ -1,0 +1,65 @@
+"""Loading a checkpoint: one clear error when it is missing or broken; dtype and bounds from params."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from graph.registry import resource_factory
+from nodes.qwen3_omni.inputs import build_turn_inputs
+from nodes.qwen3_omni.media_encoders import encode_turns
+from nodes.qwen3_omni.model import ModelLoadError, OmniModel
+from nodes.qwen3_omni.thinker_engine import ThinkerSession
+
+
+def test_a_missing_checkpoint_dir_is_one_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        OmniModel.load(tmp_path / "nowhere")
+    with pytest.raises(ModelLoadError, match="config.json is missing"):
+        OmniModel.load(tmp_path)
+
+
+def test_a_corrupt_checkpoint_is_one_clear_error_naming_the_path(tmp_path, tiny_checkpoint):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError) as raised:
+        OmniModel.load(broken)
+    assert str(broken) in str(raised.value)
+    (broken / "config.json").write_text("{ not json")
+    with pytest.raises(ModelLoadError, match="cannot load Qwen3-Omni checkpoint"):
+        OmniModel.load(broken)
+
+
+def test_resource_params_set_dtype_bounds_and_reject_unknown_keys(tiny_checkpoint):
+    factory = resource_factory("qwen3_omni.model")
+    omni = factory({"path": str(tiny_checkpoint), "dtype": "bfloat16", "max_reply_tokens": 5, "max_seq_len": 512})
+    assert omni.dtype == torch.bfloat16 and omni.device.type == "cpu"
+    assert omni.bounds.max_reply_tokens == 5 and omni.bounds.max_seq_len == 512
+    assert omni.speakers == ("chelsie", "ethan", "aiden") and omni.default_speaker == "ethan"
+    assert omni.output_sample_rate == 24000 and omni.sample_rate_in == 16000
+    with pytest.raises(ModelLoadError, match="unknown qwen3_omni.model params: colour"):
+        factory({"path": str(tiny_checkpoint), "colour": "red"})
+
+    # A bfloat16 model runs a spoken turn end to end (encoders + thinker).
+    audio = (np.random.default_rng(0).standard_normal(16000) * 0.1).astype(np.float32)
+    inputs = build_turn_inputs(omni, audio=audio, add_generation_prompt=True)
+    session = ThinkerSession(omni)
+    session.prefill(encode_turns(omni, [inputs.tensors()])[0])
+    steps = [session.decode_step() for _ in range(5)]
+    assert [s.finish_reason for s in steps] == [None] * 4 + ["length"]
+
+
+def test_the_default_path_builds_the_tiny_checkpoint_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGL_OMNI_CACHE", str(tmp_path))
+    omni = OmniModel.load(None)
+    assert omni.path.startswith(str(tmp_path))
+    assert omni.system_prompt  # the tiny profile's default system prompt
+
+
+def test_audio_shorter_than_one_hop_is_no_audio(omni):
+    inputs = build_turn_inputs(omni, audio=np.zeros(100, np.float32), add_generation_prompt=True)
+    assert inputs.input_ids == omni.tokens.assistant_header and not inputs.audio_features
