@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mimetypes
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -42,6 +43,32 @@ def _too_large(limit: int) -> Response:
     return openai_error_response(
         413, f"audio_sample is larger than {limit // (1024 * 1024)} MiB", "invalid_request_error", "audio_sample", "file_too_large"
     )
+
+
+def _media_type(declared: str | None, filename: str | None, data: bytes) -> str:
+    """The upload's media type: as declared, else from its first bytes, else from its file name."""
+    if declared and declared not in ("application/octet-stream", "binary/octet-stream"):
+        return declared
+    for magic, media_type in _MAGIC:
+        if data.startswith(magic):
+            return media_type
+    if data[4:8] == b"ftyp":
+        return "audio/mp4"
+    guessed, _ = mimetypes.guess_type(filename or "")
+    return guessed or "application/octet-stream"
+
+
+_MAGIC = (
+    (b"RIFF", "audio/wav"),
+    (b"fLaC", "audio/flac"),
+    (b"OggS", "audio/ogg"),
+    (b"ID3", "audio/mpeg"),
+    (b"\xff\xfb", "audio/mpeg"),
+    (b"\xff\xf3", "audio/mpeg"),
+    (b"\xff\xf1", "audio/aac"),
+    (b"\xff\xf9", "audio/aac"),
+    (b"\x1a\x45\xdf\xa3", "audio/webm"),
+)
 
 
 def _form_text(form, key: str) -> str | None:
@@ -103,7 +130,7 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
                     consent=consent,
                     samples=samples,
                     sample_rate=rate,
-                    mime_type=upload.content_type or "application/octet-stream",
+                    mime_type=_media_type(upload.content_type, upload.filename, data),
                     file_size=len(data),
                     ref_text=_form_text(form, "ref_text"),
                     speaker_description=_form_text(form, "speaker_description"),

@@ -138,6 +138,12 @@ async def test_other_containers_are_accepted(server):
     assert response.status_code == 200 and response.json()["voice"]["mime_type"] == "audio/mpeg"
 
 
+async def test_an_undeclared_media_type_is_recognised_from_the_bytes(server):
+    async with client_for(server) as client:
+        response = await upload(client, mime="application/octet-stream", filename="blob")
+    assert response.json()["voice"]["mime_type"] == "audio/wav"
+
+
 async def test_files_over_the_size_limit_are_413(tmp_path):
     profile = speaker_profile(tmp_path / "voices", speech={"voice_max_bytes": 50_000})
     async with running_server(profile, enable_realtime=False) as server:
