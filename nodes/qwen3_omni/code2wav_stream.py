@@ -1,34 +1,37 @@
 """Streaming code2wav: codec frames in, 24 kHz PCM out, chunk by chunk, equal to a one-shot decode.
 
 Qwen3-Omni's code2wav is a causal transformer over codec frames (sliding-window attention)
-followed by a causal convolutional upsampler (transposed convolutions + dilated convolutions)
-that turns each frame into `total_upsample` (1920) samples. Two facts shape the streaming:
+followed by a causal convolutional upsampler that turns each frame into `total_upsample` (1920)
+samples. Streaming it exactly takes two kinds of state, both kept per reply by `Code2WavStream`:
 
-* The transposed convolutions (kernel 2r, stride r, trimmed r on both sides) make every output
-  sample depend on its own input frame and the *next* one, so a decode of F frames yields only
-  F*1920 - 555 samples (for the stock rates): the last 555 samples of frame F-1 need frame F.
-  A stream therefore emits, after F frames, exactly the samples [emitted, F*1920-555) and holds
-  the rest back for the next decode. A one-shot decode of all frames yields the same total.
-* Re-running the transformer over a window of recent frames is only approximately right (its
-  receptive field grows with depth and the sliding window); so the transformer runs
-  incrementally with its own KV cache, each frame through it once, exactly as in one shot.
-  The convolutional part is re-run over the new frames plus `conv_context_frames` frames of
-  left context: the smallest context that makes every emitted sample identical to one shot
-  (computed from the layers' kernels, dilations and strides, 9 frames for the stock model).
+* The transformer runs incrementally with its own KV cache: each frame goes through it once, as in
+  one shot. (Re-running it over a window of recent frames is only approximately right: its
+  receptive field grows with depth and the sliding window.)
+* Every causal convolution keeps its last `kernel-1` input samples (its left context, zeros at the
+  start, as the one-shot left padding), and every upsampling transposed convolution (kernel 2r,
+  stride r, trimmed r on both sides) keeps its last input frame. So each decode computes only the
+  new samples. The transposed convolutions make each output sample depend on its own input frame
+  and the NEXT one; that is why a decode of F frames yields F*1920 - 555 samples (stock rates):
+  the last 555 samples of frame F-1 are held back, in the layers' state, until frame F arrives. A
+  one-shot decode of all frames yields the same total, so the stream ends without a flush.
 
-So the chunks a `Code2WavStream` emits, concatenated, equal `code2wav(all_frames)` within float
-tolerance (tests/model/test_code2wav_stream.py).
+The chunks a stream emits, concatenated, equal `code2wav(all_frames)` (exactly in float64, to
+float32 rounding otherwise; tests/model/test_code2wav_stream.py).
+
+The state lives in hooks on the model's conv modules that act only while a stream's decode runs
+on the current thread; the model stays usable as is (one-shot decode, `generate()`) elsewhere.
 
 Chunk schedule: the first decode runs as soon as `first_chunk_frames` (default 1 frame = 57 ms of
 audio) are in, for a low time-to-first-audio; later decodes wait for `chunk_frames` frames
-(default 6), since every decode pays for the left context again (1-frame chunks would cost
-about twice as much in total).
+(default 6): the total compute does not depend on the chunking, but every decode pays a fixed
+per-call cost (one kernel launch per layer on a GPU).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -40,76 +43,86 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 SAMPLE_RATE = 24000
 
-
-@dataclass(frozen=True)
-class _ConvOp:
-    """One length-changing or context-needing layer of the convolutional stack."""
-
-    kernel: int  # effective kernel (dilation included)
-    stride: int
-    transposed: bool
-
-    def input_range_start(self, out_index: int) -> int:
-        """The first input index that output `out_index` depends on."""
-        if not self.transposed:
-            # Causal conv (stride 1, left-padded by kernel-1): [o - (k-1), o].
-            return out_index - (self.kernel - 1)
-        # Transposed conv trimmed by (k - s) on both sides: raw index o + (k - s) gets
-        # contributions from inputs i with i*s <= raw < i*s + k.
-        raw = out_index + self.kernel - self.stride
-        return -((self.kernel - 1 - raw) // self.stride)  # ceil((raw - k + 1) / s)
-
-    def output_length(self, in_length: int) -> int:
-        if not self.transposed:
-            return in_length
-        return max(0, (in_length - 1) * self.stride + self.kernel - 2 * (self.kernel - self.stride))
+# The conv state of the stream whose decode runs on this thread (None: hooks do nothing).
+_active = threading.local()
 
 
-def _conv_ops(code2wav: Qwen3OmniMoeCode2Wav) -> list[_ConvOp]:
-    """The conv stack's layers in forward order (module registration order is forward order)."""
-    ops: list[_ConvOp] = []
+def _conv_pre_hook(module: Qwen3OmniMoeCausalConvNet, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    state: dict[int, Any] | None = getattr(_active, "state", None)
+    if state is None:
+        return None
+    (x,) = args
+    context_length = module.kernel_size - 1
+    context = state.get(id(module))
+    if context is None:
+        context = x.new_zeros((*x.shape[:-1], context_length))  # the one-shot left padding
+    full = torch.cat((context, x), dim=-1)
+    state[id(module)] = full[..., full.shape[-1] - context_length :]
+    state[("trim", id(module))] = context.shape[-1]
+    return (full,)
+
+
+def _conv_hook(module: Qwen3OmniMoeCausalConvNet, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
+    state: dict[Any, Any] | None = getattr(_active, "state", None)
+    if state is None:
+        return None
+    return output[..., state.pop(("trim", id(module))) :]  # outputs for the context were emitted before
+
+
+def _transposed_pre_hook(module: Qwen3OmniMoeCausalTransConvNet, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    state: dict[int, Any] | None = getattr(_active, "state", None)
+    if state is None:
+        return None
+    (x,) = args
+    previous = state.get(id(module))
+    full = x if previous is None else torch.cat((previous, x), dim=-1)
+    if full.shape[-1]:
+        state[id(module)] = full[..., -1:]
+    # With the previous frame in front, the module's own trimming leaves exactly the new samples.
+    return (full,)
+
+
+def _install_stream_hooks(code2wav: Qwen3OmniMoeCode2Wav) -> None:
+    """Make the conv stack stream-capable (once per model; inert outside a stream's decode)."""
+    if getattr(code2wav, "_sgl_stream_hooks", False):
+        return
     for part in (code2wav.upsample, code2wav.decoder):
         for module in part.modules():
             if isinstance(module, Qwen3OmniMoeCausalConvNet):
                 if module.stride != 1:
                     raise ValueError("streaming code2wav expects stride-1 causal convolutions")
-                ops.append(_ConvOp(module.kernel_size, 1, transposed=False))
+                if module.kernel_size > 1:
+                    module.register_forward_pre_hook(_conv_pre_hook)
+                    module.register_forward_hook(_conv_hook)
             elif isinstance(module, Qwen3OmniMoeCausalTransConvNet):
-                conv = module.conv
-                kernel, stride = conv.kernel_size[0], conv.stride[0]
-                if module.left_pad != kernel - stride or module.right_pad != kernel - stride:
-                    raise ValueError("streaming code2wav expects transposed convs trimmed by kernel-stride")
-                ops.append(_ConvOp(kernel, stride, transposed=True))
-    return ops
+                kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
+                if kernel == stride and module.left_pad == module.right_pad == 0:
+                    continue  # each input frame maps to its own output samples: nothing to carry
+                if kernel != 2 * stride or module.left_pad != stride or module.right_pad != stride:
+                    raise ValueError(f"streaming code2wav cannot carry a transposed conv ({kernel=}, {stride=})")
+                module.register_forward_pre_hook(_transposed_pre_hook)
+    code2wav._sgl_stream_hooks = True
 
 
 class Code2WavDecoder:
-    """Shared, stateless part: the model and the stream geometry derived from its layers."""
+    """Shared, stateless part: the model (made stream-capable) and its geometry."""
 
     def __init__(self, code2wav: Qwen3OmniMoeCode2Wav):
         self.code2wav = code2wav
         self.samples_per_frame = int(code2wav.total_upsample)
-        self._ops = _conv_ops(code2wav)
+        _install_stream_hooks(code2wav)
         # Samples a decode of F frames cannot produce yet (they need frame F): 555 for the stock rates.
         self.holdback_samples = self.samples_per_frame * 4 - self.samples_for(4)
-        # Frames of left context that make the first emitted sample of a chunk exact; the chunk
-        # starts at a frame boundary minus the holdback, which is the worst case.
-        worst_first_sample = self.samples_per_frame * 64 - self.holdback_samples
-        self.conv_context_frames = 64 - self.first_frame_needed(worst_first_sample)
 
     def samples_for(self, frames: int) -> int:
-        """Samples a decode of `frames` frames yields (F*1920 - 555 for the stock model)."""
+        """Samples a one-shot decode of `frames` frames yields (F*1920 - 555 for the stock model)."""
         length = frames
-        for op in self._ops:
-            length = op.output_length(length)
+        for part in (self.code2wav.upsample, self.code2wav.decoder):
+            for module in part.modules():
+                if isinstance(module, Qwen3OmniMoeCausalTransConvNet):
+                    kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
+                    length = max(0, (length - 1) * stride + kernel - module.left_pad - module.right_pad)
         return length
-
-    def first_frame_needed(self, sample: int) -> int:
-        """The first codec frame that output `sample` depends on through the conv stack."""
-        index = sample
-        for op in reversed(self._ops):
-            index = op.input_range_start(index)
-        return index
 
     # ------------------------------------------------------------------ compute (worker thread)
 
@@ -117,7 +130,7 @@ class Code2WavDecoder:
     def transform(self, codes: torch.Tensor, cache: DynamicCache, position: int) -> torch.Tensor:
         """Run new frames `codes` [frames, quantizers] through the transformer with its KV cache.
 
-        Returns the transformer output [frames, hidden] for those frames.
+        Returns the transformer output [1, hidden, frames] for those frames.
         """
         code2wav = self.code2wav
         device = code2wav.code_offset.device
@@ -125,18 +138,21 @@ class Code2WavDecoder:
         hidden = code2wav.code_embedding(codes + code2wav.code_offset).mean(1)
         positions = torch.arange(position, position + hidden.shape[1], device=device).unsqueeze(0)
         out = code2wav.pre_transformer(inputs_embeds=hidden, position_ids=positions, cache=cache, use_cache=True)
-        return out.last_hidden_state[0]
+        return out.last_hidden_state.permute(0, 2, 1)
 
     @torch.inference_mode()
-    def convolve(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The conv stack on transformer outputs [frames, hidden] -> waveform [samples] in [-1, 1]."""
-        state = hidden.unsqueeze(0).permute(0, 2, 1)
-        for blocks in self.code2wav.upsample:
-            for block in blocks:
-                state = block(state)
-        for block in self.code2wav.decoder:
-            state = block(state)
-        return state.clamp(min=-1, max=1)[0, 0]
+    def convolve(self, hidden: torch.Tensor, state: dict[Any, Any]) -> torch.Tensor:
+        """The conv stack on new transformer outputs [1, hidden, frames], carrying `state` -> new samples."""
+        _active.state = state
+        try:
+            for blocks in self.code2wav.upsample:
+                for block in blocks:
+                    hidden = block(hidden)
+            for block in self.code2wav.decoder:
+                hidden = block(hidden)
+        finally:
+            _active.state = None
+        return hidden.clamp(min=-1, max=1)[0, 0]
 
     @torch.inference_mode()
     def decode_all(self, codes: torch.Tensor) -> torch.Tensor:
@@ -159,11 +175,10 @@ class Code2WavStream:
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self._cache = DynamicCache(config=decoder.code2wav.config)
-        self._pending: list[torch.Tensor] = []  # frames not yet through the transformer
-        self._hidden = torch.empty(0)  # transformer outputs of frames [_hidden_start, frames_in)
-        self._hidden_start = 0
-        self.frames_in = 0  # frames through the transformer
-        self.samples_out = 0  # samples emitted so far
+        self._conv_state: dict[Any, Any] = {}
+        self._pending: list[torch.Tensor] = []  # frames not decoded yet
+        self.frames_in = 0  # frames decoded
+        self.samples_out = 0  # samples emitted
         self.decodes = 0
 
     @property
@@ -180,32 +195,14 @@ class Code2WavStream:
         due = self.first_chunk_frames if self.decodes == 0 else self.chunk_frames
         if self.pending_frames == 0 or (self.pending_frames < due and not final):
             return torch.empty(0)
-        return self._decode()
-
-    def _decode(self) -> torch.Tensor:
-        decoder = self.decoder
         codes = torch.cat(self._pending)
         self._pending.clear()
-        new_hidden = decoder.transform(codes, self._cache, self.frames_in)
-        self._hidden = new_hidden if self._hidden.numel() == 0 else torch.cat([self._hidden, new_hidden])
+        hidden = self.decoder.transform(codes, self._cache, self.frames_in)
+        samples = self.decoder.convolve(hidden, self._conv_state)
         self.frames_in += int(codes.shape[0])
+        self.samples_out += int(samples.shape[0])
         self.decodes += 1
-
-        end = decoder.samples_for(self.frames_in)
-        if end <= self.samples_out:
-            return torch.empty(0)
-        first = max(0, min(decoder.first_frame_needed(self.samples_out), self.frames_in - 1))
-        window = self._hidden[first - self._hidden_start :]
-        wav = decoder.convolve(window)
-        offset = first * decoder.samples_per_frame
-        chunk = wav[self.samples_out - offset : end - offset]
-        self.samples_out = end
-        # Keep only the frames the next chunk's left context can reach.
-        keep_from = max(0, min(decoder.first_frame_needed(self.samples_out), self.frames_in - 1))
-        if keep_from > self._hidden_start:
-            self._hidden = self._hidden[keep_from - self._hidden_start :]
-            self._hidden_start = keep_from
-        return chunk
+        return samples
 
 
 def frames_to_ms(frames: int, samples_per_frame: int = 1920) -> float:

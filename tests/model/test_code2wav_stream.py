@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
@@ -77,24 +79,39 @@ def test_first_chunk_is_one_frame_and_later_chunks_wait_for_the_chunk_size(decod
     assert sum(sizes) == 14 * 1920 - 555
 
 
-def test_one_frame_less_of_left_context_would_not_be_exact(decoder):
-    """The context the decoder computes from the layers is the least that is exact."""
-    codes = torch.randint(0, CODEBOOK, (20, QUANTIZERS), generator=torch.Generator().manual_seed(3))
-    one_shot = decoder.decode_all(codes)
-    short = Code2WavDecoder(decoder.code2wav)
-    exact_first_frame = short.first_frame_needed
-    short.first_frame_needed = lambda sample: exact_first_frame(sample) + 1
+def test_two_interleaved_streams_on_one_model_do_not_disturb_each_other(decoder):
+    codes_a = torch.randint(0, CODEBOOK, (12, QUANTIZERS), generator=torch.Generator().manual_seed(3))
+    codes_b = torch.randint(0, CODEBOOK, (12, QUANTIZERS), generator=torch.Generator().manual_seed(4))
+    a = Code2WavStream(decoder, first_chunk_frames=1, chunk_frames=2)
+    b = Code2WavStream(decoder, first_chunk_frames=1, chunk_frames=3)
 
-    chunks, _ = stream_in_pieces(short, codes, [1, 4, 4, 4, 4, 3], first_chunk_frames=1, chunk_frames=4)
+    out_a, out_b = [], []
+    for i in range(12):
+        out_a.append(a.push(codes_a[i : i + 1], final=i == 11))
+        out_b.append(b.push(codes_b[i : i + 1], final=i == 11))
 
-    assert (torch.cat(chunks) - one_shot).abs().max() > 1e-12
+    assert torch.allclose(torch.cat(out_a), decoder.decode_all(codes_a), rtol=0, atol=1e-12)
+    assert torch.allclose(torch.cat(out_b), decoder.decode_all(codes_b), rtol=0, atol=1e-12)
 
 
-def test_stock_geometry_needs_ten_frames_of_conv_context():
+def test_the_models_own_one_shot_decode_is_unchanged_by_streaming(decoder):
+    codes = torch.randint(0, CODEBOOK, (5, QUANTIZERS), generator=torch.Generator().manual_seed(5))
+    untouched = copy.deepcopy(decoder.code2wav)
+    for module in untouched.modules():  # a copy without the stream hooks
+        module._forward_hooks.clear()
+        module._forward_pre_hooks.clear()
+    stream = Code2WavStream(decoder)
+    stream.push(codes[:2])  # leave a stream half-way
+
+    with torch.no_grad():
+        assert torch.equal(decoder.code2wav(codes.T[None]), untouched(codes.T[None]))
+
+
+def test_stock_geometry_holds_back_555_samples():
     config = Qwen3OmniMoeCode2WavConfig(
         hidden_size=16, num_attention_heads=1, num_key_value_heads=1, intermediate_size=16,
         num_hidden_layers=1, decoder_dim=16, codebook_size=8,
     )
     decoder = Code2WavDecoder(Qwen3OmniMoeCode2Wav(config))
+    assert decoder.samples_per_frame == 1920
     assert decoder.holdback_samples == 555
-    assert decoder.conv_context_frames == 10
