@@ -63,3 +63,14 @@ def test_the_default_path_builds_the_tiny_checkpoint_into_the_cache(tmp_path, mo
 def test_audio_shorter_than_one_hop_is_no_audio(omni):
     inputs = build_turn_inputs(omni, audio=np.zeros(100, np.float32), add_generation_prompt=True)
     assert inputs.input_ids == omni.tokens.assistant_header and not inputs.audio_features
+
+
+def test_encoders_batch_turns_of_several_sessions_into_the_same_embeddings(omni):
+    rng = np.random.default_rng(3)
+    clips = [(rng.standard_normal(n) * 0.1).astype(np.float32) for n in (16000, 25000, 7000)]
+    turns = [build_turn_inputs(omni, audio=clip, text="x").tensors() for clip in clips]
+    together = encode_turns(omni, turns)
+    for turn, batched in zip(turns, together):
+        (alone,) = encode_turns(omni, [turn])
+        torch.testing.assert_close(batched["audio_embeds"], alone["audio_embeds"], atol=1e-5, rtol=1e-5)
+        assert batched["audio_embeds"].shape[0] == turn["input_ids"].tolist().count(omni.tokens.audio_pad)

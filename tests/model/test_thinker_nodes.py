@@ -182,3 +182,47 @@ async def test_speech_request_speaks_the_given_text(start_runtime):
     assert done.status == "completed" and done.transcript == "Hello there."
     assert done.usage.input_text_tokens == len("Hello there.")  # one byte-level token per character here
     assert any(isinstance(m, AudioOut) for m in out)
+
+
+async def test_preprocessing_opens_with_the_system_prompt_once_and_repeats_changed_instructions(tiny_checkpoint):
+    config = profile(tiny_checkpoint)
+    config["nodes"] = {"preprocessing": config["nodes"]["preprocessing"]}
+    config["edges"], config["outputs"] = [], ["preprocessing.features"]
+    runtime = GraphRuntime.from_config(config)
+    await runtime.start()
+    try:
+        omni = runtime.resources["omni"]
+        tok = omni.tokens
+        session = await runtime.open_session("p")
+        images = [png_bytes(seed) for seed in range(6)]
+        turns = [
+            Turn(turn_id=1, text="hi", instructions="Be brief."),
+            Turn(turn_id=2, text="again", instructions="Be brief.", images=images),
+            Turn(turn_id=3, text="and", instructions="Speak French.", reply=ReplyParams(response_id="r")),
+        ]
+        for turn in turns:
+            await session.send("turns", turn)
+        outs = []
+        async with asyncio.timeout(30):
+            async for message in session.outputs():
+                outs.append(message.tensors["input_ids"].tolist())
+                if len(outs) == 3:
+                    break
+        brief = omni.tokenizer("Be brief.", add_special_tokens=False).input_ids
+        assert outs[0][: 3 + len(brief)] == [tok.im_start, tok.system, tok.newline, *brief]
+        assert outs[1][:2] == [tok.im_start, tok.user]  # the history already holds the system prompt
+        assert outs[1].count(tok.vision_start) == 4  # the newest max_utterance_frames images
+        assert outs[2][:2] == [tok.im_start, tok.system] and outs[2][-3:] == tok.assistant_header
+    finally:
+        await runtime.stop(0)
+
+
+def png_bytes(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((32, 32, 3)) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
