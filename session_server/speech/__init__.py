@@ -24,7 +24,7 @@ def install(app: FastAPI, state) -> SpeechService:
     from session_server.speech.stream_ws import install_stream_route
     from session_server.speech.voices import install_voice_routes
 
-    service = SpeechService(state.runtime, SpeechConfig.from_profile(state.settings.profile or {}))
+    service = SpeechService(state.runtime, SpeechConfig.from_profile(state.settings.profile or {}), state.metrics)
     app.state.speech = service
     install_speech_route(app, service)
     install_batch_route(app, service)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
@@ -105,9 +106,11 @@ class ModelVoices:
 
 
 class SpeechService:
-    def __init__(self, runtime: GraphRuntime, config: SpeechConfig):
+    def __init__(self, runtime: GraphRuntime, config: SpeechConfig, metrics: Any = None):
         self.runtime = runtime
         self.config = config
+        # Optional: anything with `first_audio(transport, seconds)` (session_server.metrics).
+        self.metrics = metrics
         self._registry: VoiceRegistry | None = None
         self._model_voices: ModelVoices | None = None
         # Jobs in flight, so tests and metrics can see that a request really ended.
@@ -155,6 +158,7 @@ class SpeechJob:
     status: str | None = None
     finished: bool = False
     _session: Any = None
+    _opened_at: float = 0.0
 
     async def __aenter__(self) -> SpeechJob:
         await self.open()
@@ -165,6 +169,7 @@ class SpeechJob:
 
     async def open(self) -> None:
         """Open the graph session and send the turn. Raises SessionRejected when full."""
+        self._opened_at = time.perf_counter()
         self._session = await self.service.runtime.open_session(self.id, kind="speech", config={"voice": self.voice})
         self.service.active_jobs.add(self)
         sampling = {"seed": self.seed} if self.seed is not None else {}
@@ -186,8 +191,12 @@ class SpeechJob:
     async def audio(self) -> AsyncIterator[AudioOut]:
         """The reply's audio chunks in order; ends after the TurnDone, raises SpeechFailed."""
         session = self._session
+        first = True
         async for message in session.outputs():
             if isinstance(message, AudioOut):
+                if first and self.service.metrics is not None:
+                    self.service.metrics.first_audio("speech", time.perf_counter() - self._opened_at)
+                first = False
                 yield message
             elif isinstance(message, TurnDone):
                 self.usage, self.status = message.usage, message.status

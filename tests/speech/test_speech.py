@@ -185,3 +185,12 @@ async def test_past_the_speech_capacity_a_request_gets_503(tmp_path):
                 second = await client.post("/v1/audio/speech", json={"input": "hi"})
                 assert second.status_code == 503
                 assert second.json()["error"]["code"] == "speech_capacity_reached"
+
+
+async def test_time_to_first_audio_is_exported_for_speech(server):
+    import httpx
+
+    await sdk(server).audio.speech.create(model=MODEL, voice="ethan", input="hello")
+    async with httpx.AsyncClient(base_url=server.base_url) as client:
+        metrics = (await client.get("/metrics")).text
+    assert 'sgl_omni_time_to_first_audio_seconds_count{transport="speech"} 1.0' in metrics
