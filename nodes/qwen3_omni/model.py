@@ -57,12 +57,13 @@ class ReplyBounds:
     max_reply_tokens: thinker tokens per reply. Random weights never emit EOS, so the tiny profile
         sets this low (a reply of one to three seconds of audio); real checkpoints stop on EOS.
     max_frames_per_token / max_reply_frames: talker bounds (read by the talker node): codec
-        frames per reply token after the text has ended, and per reply.
+        frames per reply token once the text has ended (None: until codec EOS, as real
+        checkpoints stop; the tiny profile sets 2), and per reply (`generate()`'s 4096).
     """
 
     max_seq_len: int = 32768
     max_reply_tokens: int = 2048
-    max_frames_per_token: int = 8
+    max_frames_per_token: float | None = None
     max_reply_frames: int = 4096
 
 
@@ -285,7 +286,13 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
     unknown = set(params) - known
     if unknown:
         raise ModelLoadError(f"unknown qwen3_omni.model params: {', '.join(sorted(unknown))}")
-    bounds = ReplyBounds(**{k: int(v) for k, v in params.items() if k in bound_fields and v is not None})
+    bounds = ReplyBounds(
+        **{
+            k: (float(v) if k == "max_frames_per_token" else int(v))
+            for k, v in params.items()
+            if k in bound_fields and v is not None
+        }
+    )
     return OmniModel.load(
         params.get("path"),
         device=str(params.get("device") or "cpu"),
