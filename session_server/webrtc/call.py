@@ -45,6 +45,7 @@ from session_server.realtime.protocol import (
     CloseSession,
     ControlGraph,
     RealtimeProtocol,
+    ResponseState,
     SendEvent,
     SendToGraph,
 )
@@ -158,8 +159,26 @@ class Call:
             self.apply(self.protocol.receive_binary(message))
         elif len(message) > self.config.max_message_bytes:
             self.apply(self.protocol.receive_binary(b""))  # refused like a binary frame; the session stays
+        elif '"output_audio_buffer.clear"' in message and self._clear_requested(message):
+            return
         else:
             self.apply(self.protocol.receive_text(message))
+
+    def _clear_requested(self, message: str) -> bool:
+        """`output_audio_buffer.clear` while reply audio plays. Only the track knows that it is
+        playing (the reply may have finished generating long ago), so it is handled here: the
+        track is cleared and the item trimmed to what was heard; a reply still generating is
+        cancelled by the core as usual. False: not such an event, the core handles it alone."""
+        try:
+            event = json.loads(message)
+        except ValueError:
+            return False
+        if not isinstance(event, dict) or event.get("type") != "output_audio_buffer.clear" or self.track.playing is None:
+            return False
+        self._stop_playback()
+        if any(r.state is ResponseState.IN_PROGRESS for r in self.protocol.responses.values()):
+            self.apply(self.protocol.receive_text(message))
+        return True
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
@@ -238,14 +257,16 @@ class Call:
         elif kind == "response.done":
             response_id = event["response"]["id"]
             self.track.finish(response_id)
-            if event["response"]["status"] != "completed":
+            if event["response"]["status"] == "cancelled":
                 self._clear_audio(response_id)
         elif kind == "output_audio_buffer.cleared":
             if event.get("response_id") in self._cleared:
                 return  # already announced when the track was cleared
             self._clear_audio(event.get("response_id"), announce=False)
         elif kind == "input_audio_buffer.speech_started":
-            self._barge_in()
+            self._send(event)
+            self._barge_in()  # after the event: the client learns of the speech, then of the clear
+            return
         self._send(event)
 
     def _reply_audio(self, event: dict[str, Any]) -> None:
@@ -265,25 +286,29 @@ class Call:
             self._cleared.add(target)
 
     def _barge_in(self) -> None:
-        """Speech while reply audio plays: stop it, and keep in the conversation only what was heard."""
+        """Speech while reply audio plays: stop it (when the session interrupts on speech)."""
         detection = self.protocol.config.turn_detection
+        if detection is not None and detection.interrupt_response:
+            self._stop_playback()
+
+    def _stop_playback(self) -> bool:
+        """Clear the track now and keep in the conversation only the audio that was heard."""
         playing = self.track.playing
-        if playing is None or detection is None or not detection.interrupt_response:
-            return
+        if playing is None:
+            return False
         heard_ms = self.track.played_ms(playing)
         self._clear_audio(playing)
         item_id = self._item_of.get(playing)
-        if item_id is None:
-            return
 
         def truncate() -> None:
-            # After the core has handled this same speech_started (and cancelled the reply if it
-            # was still generating): trim the item to what the listener heard.
-            if item_id in self.protocol.items and not self._closing:
+            # Runs after the core has handled the event that stopped playback (and cancelled
+            # the reply if it was still generating): trim the item to what the listener heard.
+            if item_id is not None and item_id in self.protocol.items and not self._closing:
                 event = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": int(heard_ms)}
                 self.apply(self.protocol.receive_text(json.dumps(event)))
 
         asyncio.get_running_loop().call_soon(truncate)
+        return True
 
     def _audio_started(self, response_id: str) -> None:
         self._send_own("output_audio_buffer.started", response_id=response_id)

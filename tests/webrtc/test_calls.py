@@ -61,3 +61,75 @@ async def test_spoken_turn_through_the_opus_track_gets_reply_audio_on_the_track_
             # three 300 ms tones (440, 460, 480 Hz) from the fake reply node: ~0.9 s of audible audio
             assert 0.7 <= len(loud) * 0.02 <= 1.1, len(loud)
             assert 420 <= dominant_hz(np.concatenate(loud[:10]), 48000) <= 500
+
+
+async def test_barge_in_cancels_the_reply_and_the_track_falls_silent_within_a_frame():
+    # 30 words of 200 ms tone, generated a little faster than real time: still generating when interrupted.
+    profile = webrtc_profile(reply={"words": 30, "chunk_ms": 200, "delay_s": 0.15})
+    async with running_server(profile, api_key=API_KEY) as server:
+        async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True) as call:
+            await call.next_event("session.created")
+            call.microphone.play(utterance(), 24000)
+            await call.next_event("output_audio_buffer.started", timeout=40)
+            server_call = calls_of(server).get(call.call_id)
+            await asyncio.sleep(1.0)  # let the reply play for a while
+            call.microphone.play(utterance("Stop, stop. Tell me something else."), 24000)
+            events = await call.events_until("output_audio_buffer.cleared", timeout=20)
+            cleared_at = call.event_time("output_audio_buffer.cleared")
+            frames_at_clear = server_call.track.reply_frames_sent
+            kinds = [e["type"] for e in events]
+            assert "input_audio_buffer.speech_started" in kinds
+            done = await call.next_event("response.done")
+            assert done["response"]["status"] == "cancelled"
+            truncated = await call.next_event("conversation.item.truncated")
+            # the item keeps what was heard: about a second of audio, not the ~6 s generated
+            assert 500 <= truncated["audio_end_ms"] <= 3000
+            await asyncio.sleep(0.6)
+            # the server sent no reply frame after the clear; the client, whose receive path lags the
+            # data channel by its jitter buffer (~100 ms on loopback), hears silence after that
+            assert server_call.track.reply_frames_sent == frames_at_clear
+            assert rms(call.received_audio(cleared_at + 0.25, cleared_at + 0.6)) < 0.01
+            assert rms(call.received_audio(cleared_at - 0.6, cleared_at - 0.1)) > 0.05
+
+
+async def test_output_audio_buffer_clear_stops_a_finished_reply_that_is_still_playing():
+    # The whole reply (4 s of audio) is generated at once; it then plays for 4 s.
+    profile = webrtc_profile(reply={"words": 20, "chunk_ms": 200})
+    async with running_server(profile, api_key=API_KEY) as server:
+        async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True) as call:
+            await call.next_event("session.created")
+            call.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+            call.send({"type": "response.create"})
+            done = await call.next_event("response.done")
+            assert done["response"]["status"] == "completed"
+            await until_true(lambda: call.event_time("output_audio_buffer.started") is not None)
+            await asyncio.sleep(0.5)
+            call.send({"type": "output_audio_buffer.clear"})
+            cleared = await call.next_event("output_audio_buffer.cleared")
+            assert cleared["response_id"] == done["response"]["id"]
+            truncated = await call.next_event("conversation.item.truncated")
+            assert 200 <= truncated["audio_end_ms"] <= 1500
+            cleared_at = call.event_time("output_audio_buffer.cleared")
+            await asyncio.sleep(0.6)
+            assert rms(call.received_audio(cleared_at + 0.25, cleared_at + 0.6)) < 0.01
+
+
+async def test_session_config_sent_with_the_offer_is_the_session_created():
+    async with running_server(webrtc_profile(), api_key=API_KEY) as server:
+        session = {"type": "realtime", "model": MODEL, "instructions": "Be brief.", "audio": {"input": {"turn_detection": None}}}
+        async with WebRTCSession.connect(server.base_url, API_KEY, session=session, loopback=True) as call:
+            created = await call.next_event("session.created")
+            assert created["session"]["instructions"] == "Be brief."
+            assert created["session"]["audio"]["input"]["turn_detection"] is None
+
+
+async def test_hangup_ends_the_call_and_frees_its_session():
+    async with running_server(webrtc_profile(), api_key=API_KEY) as server:
+        async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True) as call:
+            await call.next_event("session.created")
+            assert await call.hangup(server.base_url, API_KEY) == 200
+            closed = await call.next_event("session.closed")
+            assert closed["reason"] == "hangup"
+            await until_true(lambda: len(calls_of(server)) == 0 and not server.runtime.sessions)
+            async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+                assert (await http.post(f"/v1/realtime/calls/{call.call_id}/hangup")).status_code == 404
