@@ -132,3 +132,29 @@ def test_sampling_with_a_seed_is_reproducible(talker, prompt_ids):
         reply.add_text([104, 105, 106], final=True)
         runs.append(torch.stack([reply.step() for _ in range(3)]))
     assert torch.equal(runs[0], runs[1])
+
+
+def test_replies_of_two_sessions_interleave_on_one_model_without_disturbing_each_other(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+    def prompt(text):
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"][0]
+
+    def frames_alone(ids):
+        reply = new_reply(talker, ids)
+        reply.add_text([104, 105, 106, 107], final=True)
+        return torch.stack([reply.step() for _ in range(5)])
+
+    a_ids, b_ids = prompt("first session"), prompt("a much longer second session prompt")
+    alone = frames_alone(a_ids), frames_alone(b_ids)
+    a, b = new_reply(talker, a_ids), new_reply(talker, b_ids)
+    a.add_text([104, 105, 106, 107], final=True)
+    b.add_text([104, 105, 106, 107], final=True)
+    together_a, together_b = [], []
+    for _ in range(5):
+        together_a.append(a.step())
+        together_b.append(b.step())
+
+    assert torch.equal(torch.stack(together_a), alone[0]) and torch.equal(torch.stack(together_b), alone[1])
+    assert talker.talker.rope_deltas is None  # the shared model state was never touched
