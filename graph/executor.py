@@ -126,6 +126,9 @@ class Batcher(Generic[Item, Result]):
             self.items_run += len(batch)
             for pending, result in zip(batch, results):
                 pending.loop.call_soon_threadsafe(_settle, pending.future, result)
+            # An idle worker must not keep its last batch alive: a cancelled caller's future holds
+            # that caller's frames (and through them its session's state) until the next batch.
+            del batch, results, pending, result
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:

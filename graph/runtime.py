@@ -164,6 +164,7 @@ class GraphRuntime:
                     await session.close("max_duration_reached")
                 elif now - session.last_input_at > self.limits.idle_timeout_s and session.open_replies == 0:
                     await session.close("idle_timeout")
+            session = None  # an ended session must not stay reachable from the sleeping reaper
 
 
 def _reason_label(reason: str | None) -> str:

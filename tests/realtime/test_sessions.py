@@ -128,6 +128,9 @@ async def test_200_sessions_opened_and_closed_leave_no_state_behind():
         assert srv.runtime.nodes["vad"].open_sessions == 0
         assert srv.runtime.nodes["dialog"].open_sessions == 0
         assert srv.runtime.nodes["reply"].live == set()
-        assert live_objects(*tracked) == 0
+        # Teardown of the last sessions may still be unwinding: state must reach zero shortly.
+        async with asyncio.timeout(10):
+            while live_objects(*tracked):
+                await asyncio.sleep(0.1)
         print(f"RSS growth after 200 sessions: {rss_growth / 2**20:.1f} MiB")
         assert rss_growth < 64 * 2**20
