@@ -57,14 +57,16 @@ class Inbox(Generic[T]):
             self._changed.notify_all()
             return item
 
-    def purge(self, should_drop: Callable[[T], bool]) -> int:
-        """Drop every queued item for which `should_drop` is true; returns how many were dropped.
+    def purge(self, should_drop: Callable[[T], bool]) -> list[T]:
+        """Drop every queued item for which `should_drop` is true; returns the dropped items.
 
         Synchronous on purpose: a control purges all edges in one go, with no await in between.
         Waiting producers are woken by the next put/get (or `wake`).
         """
-        kept = [item for item in self._items if not should_drop(item)]
-        dropped = len(self._items) - len(kept)
+        kept: list[T] = []
+        dropped: list[T] = []
+        for item in self._items:
+            (dropped if should_drop(item) else kept).append(item)
         if dropped:
             self._items.clear()
             self._items.extend(kept)

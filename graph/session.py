@@ -126,10 +126,14 @@ class GraphSession:
             return
         control.session_id = self.id
         if isinstance(control, Interrupt):
-            dropped = sum(inbox.purge(lambda item: _belongs_to(item[1], control)) for inbox in self._inboxes.values())
+            dropped = [m for inbox in self._inboxes.values() for _, m in inbox.purge(lambda item: _belongs_to(item[1], control))]
             dropped += self._output.purge(lambda message: _belongs_to(message, control))
+            for message in dropped:
+                # A reply request dropped before any node saw it will never produce a TurnDone.
+                if isinstance(message, Turn) and message.reply is not None:
+                    self._count_reply_done()
             if dropped:
-                log.debug("session %s: interrupt dropped %d queued messages", self.id, dropped)
+                log.debug("session %s: interrupt dropped %d queued messages", self.id, len(dropped))
         for name, node_session in self._node_sessions.items():
             try:
                 node_session.on_control(control)

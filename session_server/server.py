@@ -18,6 +18,10 @@ from session_server.state import ServerState
 
 log = logging.getLogger("session_server")
 
+# Largest WebSocket message uvicorn accepts. Above the realtime append limit (15 MiB of base64)
+# so an oversized append gets a protocol `error` event; past this, the socket closes with 1009.
+WS_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState):
@@ -54,7 +58,7 @@ async def run_server(
             server.should_exit = True
 
     app = create_app(state, on_startup_failure=fail_startup)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", ws="websockets-sansio", ws_max_size=16 * 1024 * 1024)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", ws="websockets-sansio", ws_max_size=WS_MAX_MESSAGE_BYTES)
     server = DrainingServer(config, state)
     await server.serve()
     return 1 if state.startup_error else 0

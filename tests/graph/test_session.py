@@ -207,3 +207,26 @@ async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
 
 def test_textdelta_is_in_the_vocabulary():
     assert TextDelta(text="x").text == "x"
+
+
+async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():
+    profile = {
+        "model_id": "m",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {"model": {"type": "test.compute"}},
+        "inputs": {"turns": "model.turns"},
+        "outputs": ["model.done"],
+    }
+    runtime = await started(profile)
+    try:
+        session = await runtime.open_session("s")
+        await session.send("turns", Turn(turn_id=1, reply=ReplyParams()))
+        await session.send("turns", Turn(turn_id=2, reply=ReplyParams()))  # queued behind turn 1
+        assert session.open_replies == 2
+        session.control(Interrupt(turn_id=2))
+        assert session.open_replies == 1
+        (done,) = await take(session, 1)
+        assert done.turn_id == 1
+        assert session.open_replies == 0
+    finally:
+        await runtime.stop(0)
