@@ -304,6 +304,12 @@ class SpeechStream:
         except (SessionRejected, SpeechFailed) as exc:
             failed = True
             await self.error(exc.code, exc.message)
+        except WebSocketDisconnect:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one unit's failure must not end the connection
+            log.exception("speech stream unit failed")
+            failed = True
+            await self.error("internal_error", f"speech failed: {type(exc).__name__}")
         await self.send_json(
             {
                 "type": "audio.done",
