@@ -52,6 +52,9 @@ def sse_audio(events: list[tuple[str, dict]]) -> bytes:
 
 async def eventually(condition, timeout_s: float = 10.0, what: str = "condition") -> None:
     """Poll until `condition()` is true (fails the test after `timeout_s`)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}") from None

@@ -5,7 +5,6 @@ code2wav. The audio is noise-like (random weights); these tests check the plumbi
 usage, seeds and cancellation, not quality. `max_new_tokens` keeps each request short on CPU.
 """
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -79,4 +78,3 @@ async def test_disconnect_mid_stream_closes_the_speech_session(tiny):
     response = await sdk(tiny).audio.speech.create(model=MODEL, voice="aiden", input="Next.", response_format="pcm",
                                                     extra_body={"max_new_tokens": 4})
     assert len(response.content) > 0
-    await asyncio.sleep(0)
