@@ -58,25 +58,28 @@ class Code2WavSession(NodeSession):
         super().__init__(node, session)
         self._stream: Code2WavStream | None = None
         self._stream_key: tuple[int, str] | None = None  # (turn_id, response_id) of the open stream
-        self._interrupted: set[tuple[int, str]] = set()
+        self._interrupts: list[Interrupt] = []  # for turns whose frames may still be on their way
 
     async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
         if isinstance(message, CodecFrames):
             await self._decode(message, emit)
         elif isinstance(message, TurnDone):
             key = (message.turn_id, message.response_id)
-            if self._stream is not None and self._stream_key == key and key not in self._interrupted:
+            live = message.status not in ("cancelled", "failed") and not _matches(self._interrupts, *key)
+            if self._stream is not None and self._stream_key == key and live:
                 await self._flush(message, emit)
             self._close_stream()
-            self._interrupted.discard(key)
+            self._interrupts = [i for i in self._interrupts if not _matches([i], *key)]
             await emit("audio", message)
 
     def on_control(self, control: Control) -> None:
-        if isinstance(control, Interrupt) and self._stream_key is not None:
-            turn_id, response_id = self._stream_key
+        if not isinstance(control, Interrupt):
+            return
+        if control.turn_id >= 0 or control.response_id:
+            self._interrupts.append(control)  # also stops frames of that turn that arrive later
+        if self._stream_key is not None:
             everything = control.turn_id < 0 and not control.response_id
-            if everything or control.turn_id == turn_id or (control.response_id and control.response_id == response_id):
-                self._interrupted.add(self._stream_key)
+            if everything or _matches([control], *self._stream_key):
                 self._close_stream()
 
     async def close(self) -> None:
@@ -86,7 +89,7 @@ class Code2WavSession(NodeSession):
 
     async def _decode(self, message: CodecFrames, emit: Emit) -> None:
         key = (message.turn_id, message.response_id)
-        if key in self._interrupted:
+        if _matches(self._interrupts, *key):
             return
         if self._stream_key != key:
             self._close_stream()
@@ -96,7 +99,7 @@ class Code2WavSession(NodeSession):
         codes = torch.from_numpy(np.asarray(message.codes, dtype=np.int64).reshape(-1, self._quantizers()))
         stream = self._stream
         samples = await self.node.context.compute.run(stream.push, codes, message.final)
-        if stream is self._stream and key not in self._interrupted:  # not interrupted meanwhile
+        if stream is self._stream:  # not interrupted meanwhile (that closes the stream)
             await self._emit_audio(samples, message, emit)
 
     async def _flush(self, done: TurnDone, emit: Emit) -> None:
@@ -130,3 +133,11 @@ class Code2WavSession(NodeSession):
     def _close_stream(self) -> None:
         self._stream = None
         self._stream_key = None
+
+
+def _matches(interrupts: list[Interrupt], turn_id: int, response_id: str) -> bool:
+    """Whether one of `interrupts` names this turn or this response."""
+    return any(
+        (i.turn_id >= 0 and i.turn_id == turn_id) or (bool(i.response_id) and i.response_id == response_id)
+        for i in interrupts
+    )

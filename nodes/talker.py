@@ -105,6 +105,7 @@ class TalkerSession(NodeSession):
         self._speaking: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._rollback: Any = None  # history snapshot to return to after an out-of-band reply
+        self._interrupts: list[Interrupt] = []  # for turns whose reply tokens may still be on their way
 
     # ------------------------------------------------------------------ inputs
 
@@ -119,10 +120,13 @@ class TalkerSession(NodeSession):
             await self._finish_reply(message, emit)
 
     def on_control(self, control: Control) -> None:
-        if isinstance(control, Interrupt) and self._reply is not None and self._reply_key is not None:
-            turn_id, response_id = self._reply_key
+        if not isinstance(control, Interrupt):
+            return
+        if control.turn_id >= 0 or control.response_id:
+            self._interrupts.append(control)  # also stops a reply of that turn whose tokens arrive later
+        if self._reply is not None and self._reply_key is not None:
             everything = control.turn_id < 0 and not control.response_id
-            if everything or control.turn_id == turn_id or (control.response_id and control.response_id == response_id):
+            if everything or _matches([control], *self._reply_key):
                 self._reply.cancel()
                 self._wake.set()
 
@@ -154,12 +158,14 @@ class TalkerSession(NodeSession):
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)
+        self.history.add_reply(list(chunk.token_ids))
+        if _matches(self._interrupts, *key):
+            return  # the reply was interrupted before the talker saw it: nothing to say
         if self._reply is None or self._reply_key != key:
             if self._speaking is not None and not self._speaking.done():
                 raise RuntimeError("a new reply's tokens arrived before the previous reply's TurnDone")
             self._start_reply(chunk, key, emit)
         assert self._reply is not None
-        self.history.add_reply(list(chunk.token_ids))
         if not self._reply.text_final:
             reason = chunk.tensors.get("finish_reason")
             if chunk.final and reason is not None:
@@ -191,7 +197,10 @@ class TalkerSession(NodeSession):
 
     async def _finish_reply(self, done: TurnDone, emit: Emit) -> None:
         reply = self._reply
-        if reply is not None and self._reply_key == (done.turn_id, done.response_id):
+        key = (done.turn_id, done.response_id)
+        if reply is not None and self._reply_key == key:
+            if done.status in ("cancelled", "failed"):
+                reply.cancel()
             if not reply.text_final:  # the reply's text ends here (a completed reply ended on EOS)
                 reply.add_text((), final=True, eos=done.status == "completed" and done.reason in (None, "stop"))
             self._wake.set()
@@ -205,6 +214,7 @@ class TalkerSession(NodeSession):
         if self._rollback is not None:
             self.history.restore(self._rollback)
             self._rollback = None
+        self._interrupts = [i for i in self._interrupts if not _matches([i], *key)]
         await emit("codes", done)
 
     # ------------------------------------------------------------------ frames
@@ -240,6 +250,14 @@ class TalkerSession(NodeSession):
         task = self._speaking
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+def _matches(interrupts: list[Interrupt], turn_id: int, response_id: str) -> bool:
+    """Whether one of `interrupts` names this turn or this response."""
+    return any(
+        (i.turn_id >= 0 and i.turn_id == turn_id) or (bool(i.response_id) and i.response_id == response_id)
+        for i in interrupts
+    )
 
 
 def _field(part: Any, name: str) -> Any:

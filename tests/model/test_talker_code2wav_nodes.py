@@ -155,3 +155,22 @@ async def test_an_out_of_band_reply_leaves_no_user_turn_in_the_talker_history(ru
     text = runtime.resources["omni"].tokenizer.decode(torch.cat([s.token_ids for s in history.segments]))
     assert "kept" in text and "forgotten" not in text
     await session.close()
+
+
+async def test_reply_tokens_that_arrive_after_their_interrupt_are_not_spoken(runtime):
+    session = await runtime.open_session("s")
+    await session.send("hidden", prompt_chunk(runtime))
+    session.control(Interrupt(turn_id=1, response_id="r1"))  # barge-in before the talker saw the reply
+    await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104, 105)))
+    await session.send("hidden", TurnDone(turn_id=1, response_id="r1", status="cancelled"))
+
+    out = await collect(session)
+
+    assert [type(m) for m in out] == [TurnDone, TurnDone]
+    # The next turn speaks normally.
+    await session.send("hidden", prompt_chunk(runtime, "again"))
+    await session.send("hidden", HiddenChunk(turn_id=2, response_id="r2", token_ids=(104, 105), final=True))
+    await session.send("hidden", TurnDone(turn_id=2, response_id="r2"))
+    out = await collect(session)
+    assert sum(len(m.samples) for m in out if isinstance(m, AudioOut)) == 4 * 1920 - 555
+    await session.close()
