@@ -21,6 +21,7 @@ from typing import Any
 from graph import registry
 from graph.errors import SessionRejected
 from graph.executor import ComputePool
+from graph.messages import ReplyParams, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeContext, SessionInfo
 from graph.session import GraphSession, Wiring
@@ -61,19 +62,49 @@ class GraphRuntime:
         for name, resource in self.spec.resources.items():
             factory = registry.resource_factory(resource.type)
             assert factory is not None  # validated
-            with _stage(f"resource {name} ({resource.type})"):
+            with _stage(f"loading resource {name} ({resource.type})"):
                 self.resources[name] = await self.compute.run(factory, resource.params)
         context = NodeContext(self.resources, self.compute)
         for name, node_spec in self.spec.nodes.items():
             cls = registry.node_class(node_spec.type)
             assert cls is not None  # validated
-            with _stage(f"node {name} ({node_spec.type})"):
+            with _stage(f"starting node {name} ({node_spec.type})"):
                 node = cls(name, node_spec.params, context)
                 await node.start()
             self.nodes[name] = node
         self._wiring = Wiring.from_spec(self.spec)
+        warmup = self.spec.extra.get("warmup")
+        if warmup:
+            with _stage("warming up (one reply through the graph)"):
+                await self._warm_up(warmup)
         self._reaper = asyncio.create_task(self._reap_expired_sessions(), name="session-reaper")
         self.ready = True
+
+    async def _warm_up(self, warmup: dict[str, Any]) -> None:
+        """Run one spoken reply through the graph so the first real session pays no first-call costs.
+
+        Profile: `warmup: {input: speech, text: "Hello."}` sends a speech turn into that input and
+        waits for its TurnDone.
+        """
+        assert self._wiring is not None
+        session = GraphSession(
+            SessionInfo("warmup", "speech", {}), self.nodes, self._wiring,
+            self.limits.edge_capacity, self.limits.output_capacity, self.metrics,
+        )
+        await session.start()
+        try:
+            reply = ReplyParams(response_id="warmup")
+            await session.send(warmup.get("input", "speech"), Turn(role="assistant", speak=True, text=warmup.get("text", "Hello."), reply=reply))
+            async with asyncio.timeout(float(warmup.get("timeout_s", 300))):
+                async for message in session.outputs():
+                    if isinstance(message, TurnDone):
+                        if message.status == "failed":
+                            raise RuntimeError(f"warm-up reply failed: {message.reason}")
+                        break
+            if session.error:
+                raise RuntimeError(f"warm-up failed: {session.error[1]}")
+        finally:
+            await session.close("warmup_done")
 
     def capacity(self, kind: str) -> int:
         return self.limits.effective_max_sessions if kind == "realtime" else self.limits.max_speech_sessions
@@ -174,7 +205,7 @@ def _reason_label(reason: str | None) -> str:
 
 @contextlib.contextmanager
 def _stage(what: str):
-    log.info("loading %s ...", what)
+    log.info("%s ...", what)
     started = time.perf_counter()
     yield
-    log.info("loaded %s in %.2fs", what, time.perf_counter() - started)
+    log.info("%s: done in %.2fs", what, time.perf_counter() - started)

@@ -230,3 +230,22 @@ async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():
         assert session.open_replies == 0
     finally:
         await runtime.stop(0)
+
+
+async def test_a_profile_warmup_runs_one_reply_through_the_graph_before_ready():
+    profile = {
+        "model_id": "m",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {"model": {"type": "test.compute"}},
+        "inputs": {"turns": "model.turns"},
+        "outputs": ["model.done"],
+        "warmup": {"input": "turns", "text": "Hello."},
+    }
+    runtime = GraphRuntime.from_config(profile)
+    starting = asyncio.create_task(runtime.start())
+    await asyncio.sleep(0.05)
+    assert not runtime.ready  # the 0.2 s warm-up step is still running
+    await starting
+    assert runtime.ready
+    assert runtime.sessions == {}  # the warm-up session is gone
+    await runtime.stop(0)
