@@ -226,3 +226,13 @@ def png_bytes(seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+async def test_a_text_only_reply_streams_text_and_no_audio(start_runtime):
+    runtime = await start_runtime(audio_out=True)
+    session = await runtime.open_session("s7")
+    await session.send("turns", Turn(turn_id=1, text="hi", reply=ReplyParams(response_id="t1", output_modalities=("text",))))
+    out = await until_done(session)
+    assert out[-1].status == "incomplete" and out[-1].usage.output_audio_tokens == 0
+    assert any(isinstance(m, TextDelta) for m in out)
+    assert not any(isinstance(m, AudioOut) for m in out)
