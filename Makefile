@@ -19,6 +19,7 @@ serve: $(STAMP)
 	$(BIN)/sgl-omni serve --enable-realtime $(ARGS)
 
 test: $(STAMP)
+	bash scripts/install-test-deps.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

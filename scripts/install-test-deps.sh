@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System packages the test suite uses, from Debian's packages (idempotent):
+#   espeak-ng  - speaks the test utterances (required by the realtime speech tests)
+#   chromium   - the browser test (optional: skipped with a stated reason without it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends espeak-ng >/dev/null
+  else
+    echo "install-test-deps: espeak-ng is missing; install it (e.g. sudo apt-get install espeak-ng)" >&2
+    exit 1
+  fi
+fi
+bash .ci/setup-browser.sh
