@@ -174,10 +174,12 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
                 if time.monotonic() > deadline:
                     levels.append(_skipped_level(count, "deadline reached"))
                     continue
-                with ResourceMonitor(server.pid) as monitor:
+                with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, realtime_settings))
                 level = realtime.summarize_level(count, results, wall, realtime_settings)
                 level["server"] = monitor.summary(count)
+                # The load generator's own CPU: on a small machine it competes with the server.
+                level["client_cpu_percent"] = client.cpu_percent()
                 levels.append(level)
                 print(f"realtime N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
                 time.sleep(0.5)  # let the server free the sessions before the next level
@@ -186,9 +188,10 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
             if time.monotonic() > deadline:
                 doc["speech"] = {"skipped": "deadline reached"}
             else:
-                with ResourceMonitor(server.pid) as monitor:
+                with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     doc["speech"] = asyncio.run(speech.run(server.base_url, server.model_id, args.api_key, speech_settings))
                 doc["speech"]["server"] = monitor.summary(1)
+                doc["speech"]["client_cpu_percent"] = client.cpu_percent()
                 print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)
 
 

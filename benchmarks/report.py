@@ -86,6 +86,10 @@ def _fmt(value: Any, digits: int = 0) -> str:
     return str(value)
 
 
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _pcts(summary: dict[str, Any] | None, keys: Iterable[str] = ("p50", "p95", "p99")) -> str:
     summary = summary or {}
     return "/".join(_fmt(summary.get(k)) for k in keys)
@@ -125,14 +129,19 @@ def render(doc: dict[str, Any]) -> str:
                         _pcts(level["turn_latency_ms"], ("p50", "p95")),
                         _fmt((level.get("output_rtf") or {}).get("p50"), 2),
                         f"{underruns['total']} ({underruns['turns_with_underrun']})",
+                        _fmt(underruns.get("total_with_100ms_buffer")),
                         _fmt(level["events_per_s"]),
+                        _fmt(server.get("cpu_percent")),
                         _fmt(server.get("cpu_percent_per_session")),
                         _fmt(server.get("rss_mb_per_session"), 1),
+                        _fmt(level.get("client_cpu_percent")),
+                        _fmt(server.get("machine_cpu_percent")),
                         str(level["errors"]["count"]),
                     ]
                 )
-            header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "underruns (turns)", "ev/s", "CPU%/sess", "RSS MB/sess", "errors"]
+            header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
             out.append(_table(header, rows))
+            out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; CPU% of one core; machine CPU% of all cores")
             errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
             if errors:
                 out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
@@ -172,8 +181,8 @@ def render(doc: dict[str, Any]) -> str:
             if "skipped" in figures:
                 rows.append([name, f"skipped: {figures['skipped']}"])
             else:
-                rows.append([name, ", ".join(f"{k} {_fmt(v, 3) if isinstance(v, float) else v}" for k, v in figures.items())])
-        out.append(_table(["component", "figures"], rows, left_first=True))
+                rows.append([name, ", ".join(f"{k} {_short(v)}" for k, v in figures.items())])
+        out.append("\n".join(f"  {name.ljust(9)} {text}" for name, text in rows))
     ratios = doc.get("ratios")
     if ratios:
         out.append("")
@@ -222,7 +231,7 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
     underrun_ax.set_xlabel("concurrent sessions")
     underrun_ax.set_title("Playback underruns (real-time player)")
     handles = underrun_ax.get_legend_handles_labels()[0] + share_ax.get_legend_handles_labels()[0]
-    underrun_ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    underrun_ax.legend(handles, [h.get_label() for h in handles], loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize="small")
     machine = doc.get("machine", {})
     fig.suptitle(f"sgl-omni bench, {doc.get('server', {}).get('model_id', '')}, {machine.get('cpu_count', '?')} CPUs, {doc.get('created', '')[:16]}")
     fig.tight_layout()

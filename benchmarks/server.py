@@ -146,6 +146,7 @@ def remote_model_id(base_url: str, api_key: str | None) -> str:
 class ResourceSample:
     cpu_percent: float  # of one core (100 = one core busy)
     rss_mb: float
+    machine_cpu_percent: float  # all processes on the machine, of all cores (100 = every core busy)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class ResourceMonitor:
 
     pid: int | None
     interval_s: float = 0.5
+    include_children: bool = True
     samples: list[ResourceSample] = field(default_factory=list)
     baseline_rss_mb: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -173,6 +175,7 @@ class ResourceMonitor:
             self.baseline_rss_mb = self._rss_mb()
             self._cpu_times = self._cpu_total()
             self._cpu_at = time.perf_counter()
+            psutil.cpu_percent()  # starts the machine-wide measurement window
         except psutil.Error:
             self.pid = None
             return self
@@ -188,8 +191,9 @@ class ResourceMonitor:
     def _processes(self) -> list[Any]:
         import psutil
 
-        with contextlib.suppress(psutil.Error):
-            return [self._process, *self._process.children(recursive=True)]
+        if self.include_children:
+            with contextlib.suppress(psutil.Error):
+                return [self._process, *self._process.children(recursive=True)]
         return [self._process]
 
     def _cpu_total(self) -> float:
@@ -212,16 +216,18 @@ class ResourceMonitor:
         return total / 2**20
 
     def _run(self) -> None:
+        import psutil
+
         while not self._stop.wait(self.interval_s):
             now = time.perf_counter()
             cpu = self._cpu_total()
             percent = 100.0 * (cpu - self._cpu_times) / max(now - self._cpu_at, 1e-6)
             self._cpu_times, self._cpu_at = cpu, now
-            self.samples.append(ResourceSample(percent, self._rss_mb()))
+            self.samples.append(ResourceSample(percent, self._rss_mb(), psutil.cpu_percent()))
 
     def summary(self, sessions: int) -> dict[str, float | None]:
         if self.pid is None or not self.samples:
-            return {"cpu_percent": None, "cpu_percent_per_session": None, "rss_mb": None, "rss_mb_baseline": None, "rss_mb_per_session": None}
+            return {"cpu_percent": None, "cpu_percent_per_session": None, "rss_mb": None, "rss_mb_baseline": None, "rss_mb_per_session": None, "machine_cpu_percent": None}
         cpu = sum(s.cpu_percent for s in self.samples) / len(self.samples)
         peak = max(s.rss_mb for s in self.samples)
         baseline = self.baseline_rss_mb or peak
@@ -231,4 +237,12 @@ class ResourceMonitor:
             "rss_mb": round(peak, 1),
             "rss_mb_baseline": round(baseline, 1),
             "rss_mb_per_session": round(max(peak - baseline, 0.0) / max(sessions, 1), 2),
+            # Everything on the machine (the harness, the server, anything else running).
+            "machine_cpu_percent": round(sum(s.machine_cpu_percent for s in self.samples) / len(self.samples), 1),
         }
+
+    def cpu_percent(self) -> float | None:
+        """Mean CPU of the watched process(es), % of one core."""
+        if self.pid is None or not self.samples:
+            return None
+        return round(sum(s.cpu_percent for s in self.samples) / len(self.samples), 1)

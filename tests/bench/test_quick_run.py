@@ -51,7 +51,8 @@ async def test_a_quick_run_measures_realtime_sessions_and_speech_requests(tmp_pa
         assert level["ttfa_from_user_audio_end_ms"]["p50"] > ttfa["p50"]
         # The fake reply is 4 chunks of 200 ms, all arriving well inside real time.
         assert level["reply_audio_s"]["p50"] == 0.8
-        assert level["underruns"]["total"] == 0
+        assert level["underruns"]["total"] == 0 and level["underruns"]["total_with_100ms_buffer"] == 0
+        assert level["client_cpu_percent"] is not None and level["server"]["machine_cpu_percent"] is not None
         assert level["events_per_s"] > 0
         assert level["server"]["rss_mb"] > 0
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
