@@ -4,12 +4,14 @@ A transport adapter (WebSocket today, a WebRTC data channel next) feeds it what 
 
     protocol.receive_text(text)        a client event (JSON text)
     protocol.receive_binary(data)      a binary frame (rejected: the protocol is JSON)
+    protocol.receive_audio(samples, r) decoded input audio (a WebRTC media track)
     protocol.graph_output(message)     a message from the session graph's outputs
     protocol.session_ended(...)        the graph session ended (idle, error, shutdown)
     protocol.close(reason)             the transport is going away
 
 and gets back a list of actions to carry out, in order: `SendEvent` (a server event for the
-client), `SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
+client), `SendAudio` (reply audio for a media track, when built with `audio_deltas=False`),
+`SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
 in order), `ControlGraph` (an Interrupt/Truncate that overtakes data) and `CloseSession`.
 Nothing here awaits or touches a socket, so both transports share every rule below.
 
@@ -80,12 +82,22 @@ class ControlGraph:
 
 
 @dataclass(frozen=True)
+class SendAudio:
+    """Reply audio for a media track (transports built with `audio_deltas=False`, i.e. WebRTC)."""
+
+    response_id: str
+    item_id: str
+    samples: Any  # float32 mono
+    sample_rate: int
+
+
+@dataclass(frozen=True)
 class CloseSession:
     code: int
     reason: str
 
 
-Action = SendEvent | SendToGraph | ControlGraph | CloseSession
+Action = SendEvent | SendAudio | SendToGraph | ControlGraph | CloseSession
 
 # WebSocket close codes the adapters use.
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1011, 1013
@@ -159,8 +171,10 @@ def _usage(usage: Usage) -> dict[str, Any]:
 
 
 class RealtimeProtocol:
-    def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS):
+    def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True):
         self.session_id = session_id
+        # False: reply audio leaves as `SendAudio` actions (a media track), not `output_audio.delta` events.
+        self.audio_deltas = audio_deltas
         self.state = SessionState.OPEN
         self.config = SessionConfig(model=model)
         self.max_append_chars = max_append_chars
@@ -213,15 +227,11 @@ class RealtimeProtocol:
         return self._flush()
 
     def receive_audio(self, samples: Any, sample_rate: int) -> list[Action]:
-        """Input audio that arrives already decoded (float32 mono), e.g. a WebRTC media track.
-
-        Added by H5 for the WebRTC adapter: the same path as an `input_audio_buffer.append`
-        after decoding, on the same input timeline.
-        """
-        if self.state is SessionState.CLOSED or self._input_ended or not len(samples):
+        """Input audio that arrives already decoded (float32 mono), e.g. a WebRTC media track:
+        the path of an `input_audio_buffer.append` after decoding, on the same timeline."""
+        if self.state is SessionState.CLOSED or self._input_ended:
             return []
-        self._to_graph(AudioChunk(samples=samples, sample_rate=sample_rate, media_ms=self._input_ms))
-        self._input_ms += len(samples) * 1000.0 / sample_rate
+        self._input_audio(samples, sample_rate)
         return self._flush()
 
     def graph_output(self, message: Message) -> list[Action]:
@@ -289,12 +299,15 @@ class RealtimeProtocol:
             samples = decode(data, fmt)
         except OddByteCount as exc:
             raise RealtimeError("invalid_audio", str(exc), "audio") from None
-        if len(samples):
-            self._to_graph(AudioChunk(samples=samples, sample_rate=fmt.rate, media_ms=self._input_ms))
-            self._input_ms += len(samples) * 1000.0 / fmt.rate
+        self._input_audio(samples, fmt.rate)
         if seq is not None:
             self._next_seq += 1
             self._send("sglang.input_audio.accepted", seq=seq, accepted_end_ms=round(self._input_ms, 3))
+
+    def _input_audio(self, samples: Any, sample_rate: int) -> None:
+        if len(samples):
+            self._to_graph(AudioChunk(samples=samples, sample_rate=sample_rate, media_ms=self._input_ms))
+            self._input_ms += len(samples) * 1000.0 / sample_rate
 
     def _on_InputAudioBufferCommit(self, event: ev.InputAudioBufferCommit) -> None:
         self._to_graph(Command(target="dialog", name="commit"))
@@ -452,9 +465,13 @@ class RealtimeProtocol:
         elif isinstance(message, AudioOut):
             if not response.audio or response.encoder is None:
                 return
+            self._audio_produced = True
+            if not self.audio_deltas:
+                response.item.audio_ms += len(message.samples) * 1000.0 / message.sample_rate
+                self._out.append(SendAudio(response.id, response.item.id, message.samples, message.sample_rate))
+                return
             data = response.encoder.encode(message.samples, message.sample_rate)
             response.item.audio_ms = response.encoder.duration_ms
-            self._audio_produced = True
             self._send("response.output_audio.delta", **self._part_ref(response), delta=base64.b64encode(data).decode("ascii"))
         elif isinstance(message, TurnDone):
             self._finish(response, message.status, reason=message.reason, usage=message.usage, transcript=message.transcript)
@@ -530,7 +547,7 @@ class RealtimeProtocol:
         text = "".join(response.text) or transcript
         ref = self._part_ref(response)
         if response.audio:
-            tail = response.encoder.flush() if response.encoder is not None and status == "completed" else b""
+            tail = response.encoder.flush() if response.encoder is not None and status == "completed" and self.audio_deltas else b""
             if tail:
                 self._send("response.output_audio.delta", **ref, delta=base64.b64encode(tail).decode("ascii"))
             self._send("response.output_audio.done", **ref)

@@ -14,6 +14,7 @@ from session_server.realtime.protocol import (
     ControlGraph,
     RealtimeProtocol,
     ResponseState,
+    SendAudio,
     SendEvent,
     SendToGraph,
     SessionState,
@@ -201,3 +202,18 @@ def test_item_ids_are_unique_and_previous_item_id_links_the_conversation():
     assert added["previous_item_id"] == ids[-1]
     add_item = graph_messages(actions)[0]
     assert (add_item.name, add_item.args["role"], add_item.args["text"]) == ("add_item", "system", "x")
+
+
+def test_a_media_track_transport_gets_decoded_audio_in_and_reply_audio_as_samples():
+    protocol = RealtimeProtocol("sess_1", "model-x", audio_deltas=False)
+    protocol.open()
+    (chunk,) = graph_messages(protocol.receive_audio(np.zeros(1600, np.float32), 16000))
+    assert (chunk.sample_rate, chunk.media_ms) == (16000, 0.0)
+    assert graph_messages(protocol.receive_audio(np.zeros(1600, np.float32), 16000))[0].media_ms == 100.0
+    commit(protocol, "item_a", 1)
+    (active,) = protocol.responses.values()
+    actions = protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(2400, np.float32)))
+    assert kinds(actions) == []
+    (audio,) = [a for a in actions if isinstance(a, SendAudio)]
+    assert (audio.response_id, audio.sample_rate, len(audio.samples)) == (active.id, 24000, 2400)
+    assert active.item.audio_ms == 100.0
