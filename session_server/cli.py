@@ -22,6 +22,7 @@ log = logging.getLogger("sgl_omni")
 # never imports `nodes` (or torch) itself.
 _TOOL_COMMANDS = {
     "make-tiny-checkpoint": ("nodes.qwen3_omni.checkpoint", "make_tiny_checkpoint_main", "build the tiny random Qwen3-Omni checkpoint"),
+    "client": ("clients.python.cli", "main", "play a WAV into a realtime session (WebSocket or WebRTC), save the reply, print time to first audio"),
     "bench": ("benchmarks.cli", "main", "benchmark the server: realtime sessions, speech endpoints, direct model compute"),
 }
 

@@ -1,0 +1,5 @@
+import sys
+
+from clients.python.cli import main
+
+sys.exit(main())
