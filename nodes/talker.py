@@ -25,8 +25,10 @@ Output `codes`: one `CodecFrames` per frame as soon as it is computed, an empty
 its usage as `output_audio_tokens`).
 
 The talker starts after the reply's first token and then needs one token of lookahead; it runs
-in its own task so the thinker's chunks never wait for it. Each frame is one call in the compute
-pool; an `Interrupt` makes the next frame not run (the talker stops within one frame).
+in its own task so the thinker's chunks never wait for it. Each frame is one call of the shared
+`talker` executor: frames wanted at the same time run as one batch (their
+code predictor batched; speech requests at lower priority than live sessions). An `Interrupt`
+makes the next frame not run (the talker stops within one frame).
 
 Voices: a voice names one of the checkpoint's speakers (case-insensitive), or an alias from the
 `voices` param; an unknown voice falls back to the default speaker.
@@ -42,10 +44,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerLimits, TalkerModel, TalkerReply, TalkerSampling
+from nodes.qwen3_omni.talker_engine import (
+    TalkerHistory,
+    TalkerLimits,
+    TalkerModel,
+    TalkerReply,
+    TalkerSampling,
+    step_replies,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +70,7 @@ class TalkerNode(Node):
         self.sampling = TalkerSampling.from_params(self.params.get("sampling"))
         self.voices = {str(k).lower(): str(v).lower() for k, v in (self.params.get("voices") or {}).items()}
         self.model: TalkerModel | None = None
+        self.steps: Any = None
         self.omni: Any = None
         self.limits = TalkerLimits()
         self.sessions: dict[str, TalkerSession] = {}  # live sessions (for inspection and metrics)
@@ -69,6 +80,9 @@ class TalkerNode(Node):
         if getattr(self.omni, "talker", None) is None:
             raise ValueError("the checkpoint has no talker (audio output disabled)")
         self.model = await self.context.compute.run(TalkerModel, self.omni.model)
+        # One shared executor: the frames that sessions want at the same time go through one
+        # batched code predictor (15 of a frame's 16 forwards).
+        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=int(self.params.get("max_batch", 16)))
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
             max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
@@ -220,14 +234,14 @@ class TalkerSession(NodeSession):
     # ------------------------------------------------------------------ frames
 
     async def _speak(self, reply: TalkerReply, first: HiddenChunk, emit: Emit) -> None:
-        compute = self.node.context.compute
+        priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
         while not reply.finished:
             if not reply.ready():
                 self._wake.clear()
                 if not reply.ready():
                     await self._wake.wait()
                 continue
-            frame = await compute.run(reply.step)
+            frame = await self.node.steps.submit(reply, priority)
             if frame is None:
                 break
             await emit(

@@ -432,6 +432,13 @@ class TalkerReply:
 
         Call only when `ready()`. Runs one talker forward and the code predictor.
         """
+        result = step_replies([self])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _first_code(self) -> int | None:
+        """Phase 1 of a step: the talker forward and its code; None when the reply has ended."""
         if self._cancelled:
             self._finish("cancelled")
         if self.finished:
@@ -453,9 +460,7 @@ class TalkerReply:
         if first_code == self.talker.codec_eos_id:
             self._finish("eos")
             return None
-        codes = self._predict_residuals(first_code)
-        self.frames += 1
-        return codes
+        return first_code
 
     def _finish(self, reason: str) -> None:
         if not self.finished:
@@ -556,29 +561,63 @@ class TalkerReply:
         self._first_codes.append(code)
         return code
 
-    @torch.inference_mode()
-    def _predict_residuals(self, first_code: int) -> torch.Tensor:
-        """The code predictor's `num_code_groups - 1` residual codes for this frame.
 
-        Also prepares the next step's input: the sum of the frame's code embeddings, summed in
-        the order `generate()` sums them.
-        """
-        talker = self.talker
-        predictor = talker.talker.code_predictor
-        first = torch.tensor([[first_code]], device=talker.device)
-        first_embed = talker.talker.get_input_embeddings()(first)  # [1, 1, D]
-        cache = DynamicCache(config=predictor.config)
-        no_history = torch.empty((1, 0), dtype=torch.long, device=talker.device)
-        out = predictor(inputs_embeds=torch.cat((self._last_hidden, first_embed), dim=1), cache=cache, use_cache=True)
-        codes = [first_code]
-        embeds = [first_embed]
-        for group in range(1, talker.num_code_groups):
-            scores = self._predictor_processors(no_history, out.logits[:, -1, :].to(copy=True, dtype=torch.float32))
-            code = self._choose(scores).view(1, 1)
-            codes.append(int(code))
-            embed = predictor.get_input_embeddings()[group - 1](code)
-            embeds.append(embed)
-            if group < talker.num_code_groups - 1:
-                out = predictor(input_ids=code, cache=cache, use_cache=True, generation_steps=group)
-        self._next_embeds = torch.cat(embeds, dim=1).sum(1, keepdim=True)
-        return torch.tensor(codes, dtype=torch.long)
+
+@torch.inference_mode()
+def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseException]:
+    """One step of many replies (of any sessions) at once: their next frames, in order.
+
+    Each reply's talker forward runs on its own (its KV cache has its own length); the code
+    predictor, which starts afresh every frame with the same shapes for everyone, runs batched:
+    15 of a frame's 16 forwards. A reply whose talker step fails gets its exception back alone.
+    """
+    results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
+    started: list[tuple[int, TalkerReply, int]] = []
+    for index, reply in enumerate(replies):
+        try:
+            code = reply._first_code()
+        except Exception as exc:  # noqa: BLE001 - fails that reply's session only
+            results[index] = exc
+            continue
+        if code is not None:
+            started.append((index, reply, code))
+    if started:
+        frames = _predict_residuals([reply for _, reply, _ in started], [code for _, _, code in started])
+        for (index, reply, _), frame in zip(started, frames):
+            reply.frames += 1
+            results[index] = frame
+    return results
+
+
+def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> list[torch.Tensor]:
+    """The code predictor's `num_code_groups - 1` residual codes for each reply's current frame.
+
+    Also prepares each reply's next input: the sum of its frame's code embeddings, summed in the
+    order `generate()` sums them.
+    """
+    talker = replies[0].talker
+    predictor = talker.talker.code_predictor
+    batch = len(replies)
+    first = torch.tensor([[code] for code in first_codes], device=talker.device)
+    first_embed = talker.talker.get_input_embeddings()(first)  # [B, 1, D]
+    last_hidden = torch.cat([reply._last_hidden for reply in replies], dim=0)
+    cache = DynamicCache(config=predictor.config)
+    no_history = torch.empty((1, 0), dtype=torch.long, device=talker.device)
+    out = predictor(inputs_embeds=torch.cat((last_hidden, first_embed), dim=1), cache=cache, use_cache=True)
+    codes = [first.view(batch)]
+    embeds = [first_embed]
+    for group in range(1, talker.num_code_groups):
+        logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        code = torch.cat(
+            [reply._choose(reply._predictor_processors(no_history, logits[row : row + 1])) for row, reply in enumerate(replies)]
+        ).view(batch, 1)
+        codes.append(code.view(batch))
+        embed = predictor.get_input_embeddings()[group - 1](code)
+        embeds.append(embed)
+        if group < talker.num_code_groups - 1:
+            out = predictor(input_ids=code, cache=cache, use_cache=True, generation_steps=group)
+    next_embeds = torch.cat(embeds, dim=1).sum(1, keepdim=True)  # [B, 1, D]
+    frames = torch.stack(codes, dim=1).to("cpu", torch.long)  # [B, G]
+    for row, reply in enumerate(replies):
+        reply._next_embeds = next_embeds[row : row + 1]
+    return list(frames)

@@ -6,7 +6,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
-from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerLimits, TalkerModel, TalkerReply, TalkerSampling
+from nodes.qwen3_omni.talker_engine import (
+    TalkerHistory,
+    TalkerLimits,
+    TalkerModel,
+    TalkerReply,
+    TalkerSampling,
+    step_replies,
+)
 
 GREEDY = TalkerSampling(do_sample=False)
 
@@ -158,3 +165,37 @@ def test_replies_of_two_sessions_interleave_on_one_model_without_disturbing_each
 
     assert torch.equal(torch.stack(together_a), alone[0]) and torch.equal(torch.stack(together_b), alone[1])
     assert talker.talker.rope_deltas is None  # the shared model state was never touched
+
+
+def test_a_batched_step_of_several_replies_gives_each_the_frames_it_gets_alone(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+    def reply_for(text, tokens, speaker):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"][0]
+        reply = new_reply(talker, ids, speaker=speaker)
+        reply.add_text(tokens, final=True)
+        return reply
+
+    specs = [("one", [104, 105, 106], "chelsie"), ("two, longer", [110, 111], "aiden"), ("three", [120], None)]
+    alone = []
+    for spec in specs:
+        reply = reply_for(*spec)
+        alone.append([reply.step() for _ in range(3)])
+    replies = [reply_for(*spec) for spec in specs]
+    batched = [step_replies(replies) for _ in range(3)]
+
+    for index in range(len(specs)):
+        assert torch.equal(torch.stack([step[index] for step in batched]), torch.stack(alone[index]))
+
+
+def test_a_failing_reply_in_a_batch_fails_alone(talker, prompt_ids):
+    good = new_reply(talker, prompt_ids)
+    good.add_text([104, 105], final=True)
+    bad = new_reply(talker, prompt_ids)  # no text yet: stepping it is an error
+
+    results = step_replies([good, bad])
+
+    assert results[0].shape == (talker.num_code_groups,)
+    assert isinstance(results[1], RuntimeError)

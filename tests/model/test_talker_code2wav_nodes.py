@@ -174,3 +174,20 @@ async def test_reply_tokens_that_arrive_after_their_interrupt_are_not_spoken(run
     out = await collect(session)
     assert sum(len(m.samples) for m in out if isinstance(m, AudioOut)) == 4 * 1920 - 555
     await session.close()
+
+
+async def test_sessions_speaking_at_once_each_get_the_audio_they_get_alone(runtime):
+    async def speak(session_id, voice, text):
+        session = await runtime.open_session(session_id, config={"voice": voice})
+        await session.send("hidden", prompt_chunk(runtime, text))
+        await session.send("hidden", HiddenChunk(turn_id=1, response_id="r", token_ids=(104, 105, 106), final=True))
+        await session.send("hidden", TurnDone(turn_id=1, response_id="r"))
+        out = await collect(session)
+        await session.close()
+        return np.concatenate([m.samples for m in out if isinstance(m, AudioOut)])
+
+    alone = [await speak("a", "chelsie", "first"), await speak("b", "aiden", "second one")]
+    together = await asyncio.gather(speak("c", "chelsie", "first"), speak("d", "aiden", "second one"))
+
+    for mine, reference in zip(together, alone):
+        assert np.allclose(mine, reference, rtol=0, atol=1e-5)
