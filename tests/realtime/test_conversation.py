@@ -223,3 +223,19 @@ async def test_g711_input_and_output_formats():
     assert events[0].type == "input_audio_buffer.speech_started"
     audio = b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
     assert abs(len(audio) - 800) <= 80  # 100 ms of 8 kHz A-law, one byte a sample (resampler delay aside)
+
+
+async def test_a_client_created_audio_item_reaches_the_model_at_16khz():
+    async with server(reply={"words": 1}) as srv:
+        async with sdk_client(srv).realtime.connect(model=MODEL) as conn:
+            audio = b64(pcm16(utterance()))
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+            )
+            added = (await until(conn, "conversation.item.done"))[-1].item
+            assert added.content[0].type == "input_audio"
+            await conn.response.create()
+            assert (await until(conn, "response.done"))[-1].response.status == "completed"
+    turns = next(iter(srv.runtime.nodes["reply"].turns.values()))
+    item_turn = next(t for t in turns if t.item_id == added.id)
+    assert abs(len(item_turn.audio) - len(utterance()) * 16000 / 24000) < 400

@@ -200,3 +200,14 @@ async def test_replies_past_max_queued_turns_are_refused(dialog_runtime):
     await session.send("in", Command(target="dialog", name="reply_done", args={"response_id": "r0"}))
     await session.send("in", Command(target="dialog", name="create_response", args={"reply": ReplyParams(response_id="r4")}))
     assert (await drain(session, "turn_queued"))[-1].fields["response_id"] == "r4"
+
+
+async def test_server_vad_idle_timeout_commits_an_empty_turn_that_asks_for_a_reply(dialog_runtime):
+    session = await dialog_runtime.open_session("idle", config={"turn_detection": {**TD, "idle_timeout_ms": 500}})
+    for ms in range(0, 800, 100):
+        await session.send("in", chunk16(ms, value=0.0))
+    out = await drain(session, "committed")
+    timeout = next(m for m in out if isinstance(m, NodeEvent) and m.kind == "timeout_triggered")
+    assert timeout.fields["audio_start_ms"] == 0 and timeout.fields["audio_end_ms"] >= 500
+    committed = out[-1]
+    assert committed.fields["auto_reply"] is True and committed.fields["item_id"] == timeout.fields["item_id"]
