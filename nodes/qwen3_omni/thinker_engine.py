@@ -10,9 +10,12 @@
 Invariants (what makes a second turn cost only its new tokens):
 - `context_ids` are exactly the tokens whose keys/values are in `cache`, in order; their text is
   the canonical chat history, so prefilling it from scratch would give the same cache.
-- A reply's closing `<|im_end|>\\n` (and a last sampled token that was never fed) wait in
-  `pending` and are fed in front of the next turn's tokens: an unanswered reply never pays for
-  tokens nobody needs yet.
+- Every reply token is fed as it is chosen (the last one too, so the cache holds the whole
+  reply); the reply's closing `<|im_end|>\\n` waits in `pending` and is fed in front of the next
+  turn's tokens.
+- Usage: a reply's `cached_tokens` is the context as it stood when the previous reply ended
+  (0 before the first): the user's new input counts as input even when it was prefilled early
+  (at commit), so a second turn reports exactly the first turn's input + output as cached.
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -83,7 +86,7 @@ class Prefill:
     """What one `prefill` did."""
 
     new_tokens: int  # tokens that went through the model (pending closing + this turn)
-    cached_tokens: int  # context reused from the cache (its length before this prefill)
+    cached_tokens: int  # context this prefill reused from the cache (its length before it)
     context_tokens: int  # context length after
     token_ids: list[int] = field(default_factory=list)  # what went through the model, in order
     # Accept-layer hidden states at every audio/image/video position of `token_ids`, in order
@@ -150,6 +153,7 @@ class ThinkerSession:
         self.tokens_forwarded = 0  # all tokens ever fed to the thinker (prefill + decode)
         self.turns = 0
         self._role = None  # role token of the message the context ends in
+        self._previous_context = 0  # context length when the last reply ended (a reply's cached_tokens)
         self._reply: _Reply | None = None
         self._last_logits: torch.Tensor | None = None
         self._interrupt = threading.Event()
@@ -200,8 +204,9 @@ class ThinkerSession:
         `reply` (default: the turn ends with the assistant header) starts a reply: `decode_step`
         may follow, for at most `max_reply_tokens` (a client's own bound, finish reason
         `max_output_tokens`) or the session's bound (finish reason `length`).
-        `out_of_band`: when the reply finishes, the session forgets this turn and the reply. Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn
-        does not fit in `max_seq_len`.
+        `out_of_band`: when the reply finishes, the session forgets this turn and the reply.
+        Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn does not fit
+        in `max_seq_len`.
         """
         ids = [int(i) for i in turn["input_ids"].tolist()]
         if reply is None:
@@ -253,7 +258,7 @@ class ThinkerSession:
             audio, image = self.audio_tokens_in_context, self.image_tokens_in_context
             self._reply.usage = ReplyUsage(
                 input_tokens=len(self.context_ids),
-                cached_tokens=cached,
+                cached_tokens=min(self._previous_context, cached),
                 input_audio_tokens=audio,
                 input_image_tokens=image,
                 input_text_tokens=len(self.context_ids) - audio - image,
@@ -277,13 +282,10 @@ class ThinkerSession:
             return self._finish_step(reply, "stop", index)
         reply.token_ids.append(token)
         text = self._new_text(reply)
-        if len(reply.token_ids) >= reply.limit:
-            step = Step(token, text, index)
-            self._finish(reply, reply.limit_reason)
-            step.finish_reason = reply.limit_reason
-            step.text += self._flush_text(reply)
-            return step
         self._feed_reply_token(reply, token)
+        if len(reply.token_ids) >= reply.limit:
+            self._finish(reply, reply.limit_reason)
+            return Step(token, text + self._flush_text(reply), index, reply.limit_reason)
         return Step(token, text, index)
 
     def interrupt(self) -> None:
@@ -328,6 +330,7 @@ class ThinkerSession:
         reply.fed = kept_in_cache
         reply.text = self.omni.tokenizer.decode(reply.token_ids)
         self.pending = reply.token_ids[kept_in_cache:] + self.tokens.closing
+        self._previous_context = len(self.context_ids)
         return reply.text
 
     # ------------------------------------------------------------------ internals
@@ -346,6 +349,7 @@ class ThinkerSession:
             self.audio_tokens_in_context, self.image_tokens_in_context, self.turns = audio, image, turns
             return
         self.pending = reply.token_ids[reply.fed :] + self.tokens.closing
+        self._previous_context = len(self.context_ids)
 
     def _feed_reply_token(self, reply: _Reply, token: int) -> None:
         position = self.next_position

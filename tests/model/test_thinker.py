@@ -61,13 +61,14 @@ def test_second_turn_prefills_only_its_new_tokens_and_matches_a_full_reprefill(o
     reply = run_reply(session)
     assert len(reply) == 6
     context_after_reply = session.context_length
+    assert context_after_reply == len(first["input_ids"]) + len(reply)  # the whole reply is in the cache
 
     second = turn(omni, images=[png(96, 64)], audio=speech(0.8, seed=1))
     forwarded_before = session.tokens_forwarded
     prefill = session.prefill(second)
 
-    # Only the reply's closing (the unfed last token, <|im_end|>, \n) and this turn went through the model.
-    closing = [reply[-1], omni.tokens.im_end, omni.tokens.newline]
+    # Only the reply's closing (<|im_end|>\n) and this turn went through the model.
+    closing = [omni.tokens.im_end, omni.tokens.newline]
     assert session.tokens_forwarded - forwarded_before == len(closing) + len(second["input_ids"])
     assert prefill.new_tokens == len(closing) + len(second["input_ids"])
     assert prefill.cached_tokens == context_after_reply

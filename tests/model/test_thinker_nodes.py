@@ -57,6 +57,10 @@ def speech(seconds: float, seed: int = 0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
 
 
+def omni_tokens(runtime):
+    return runtime.resources["omni"].tokens
+
+
 async def until_done(session, timeout=30.0, on_message=None):
     out = []
     async with asyncio.timeout(timeout):
@@ -90,18 +94,20 @@ async def test_a_spoken_turn_streams_text_then_a_second_turn_reuses_the_cache(st
     assert done.transcript == "".join(d.text for d in deltas)
     assert [c.token_ids[0] for c in reply_chunks] == [t for d in deltas for t in d.token_ids]
     assert reply_chunks[-1].final and reply_chunks[0].tensors["voice"] is None
-    # The utterance was prefilled when it was committed; the reply request reused all of it.
-    assert done.usage.output_tokens == 6 and done.usage.cached_tokens == len(prompts[0].token_ids)
+    # Nothing came before this turn: the utterance (prefilled at commit) is all new input.
+    assert done.usage.output_tokens == 6 and done.usage.cached_tokens == 0
+    assert done.usage.input_tokens == len(prompts[0].token_ids) + len(prompts[1].token_ids)
     assert done.usage.input_audio_tokens == 13
     first_context = done.usage.input_tokens
 
     await session.send("turns", Turn(turn_id=3, item_id="i3", text="and then?", reply=ReplyParams(response_id="r2")))
     second = await until_done(session)
-    # The KV holds the first turn and the reply's tokens but its last one (sampled at the bound,
-    # never fed): exactly that is reused, and only the closing + the new turn are prefilled.
-    assert second[-1].usage.cached_tokens == first_context + 6 - 1
+    # The whole first turn (input + reply) is reused from the KV cache; only the first reply's
+    # closing and the new turn go through the model.
+    assert second[-1].usage.cached_tokens == first_context + 6
     (prompt,) = [m for m in second if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
-    assert second[-1].usage.input_tokens == first_context + 6 - 1 + len(prompt.token_ids)
+    assert prompt.token_ids[:2] == (omni_tokens(runtime).im_end, omni_tokens(runtime).newline)
+    assert second[-1].usage.input_tokens == first_context + 6 + len(prompt.token_ids)
 
 
 async def test_interrupt_cancels_the_reply_within_a_step(start_runtime):
