@@ -13,8 +13,8 @@ shows identical frames with greedy settings):
   In user turns, audio/image/video positions use the thinker's layer-`accept_hidden_layer`
   hidden states through `hidden_projection`; every text position uses the thinker's token
   embedding through `text_projection`. generate() rebuilds all of this from one full prompt;
-  a session cannot (the thinker's KV cache holds no hidden states), so `TalkerHistory` keeps
-  each user turn's talker-space embeddings, captured when that turn was prefilled.
+  a session cannot (the thinker's KV cache holds no hidden states), so `TalkerHistory`
+  (talker_history.py) keeps each user turn's talker-space embeddings, captured at its prefill.
 * Step s >= 1 feeds the sum of the previous frame's code embeddings plus reply token s through
   `text_projection`. The reply's LAST token (the EOS, or the token where the thinker stopped)
   is replaced by tts_eos, then tts_pad follows until the talker emits codec EOS. So step s
@@ -24,7 +24,9 @@ shows identical frames with greedy settings):
 Shared model state is left alone: positions are passed explicitly (so `talker.rope_deltas` is
 never read or written) and the code predictor is driven directly (its
 `generation_config.do_sample` is neither read nor written), so replies of many sessions can
-interleave on one model.
+interleave on one model. `step_replies` steps the replies of many sessions at once: each talker
+forward on its own (KV caches of different lengths), the code predictor batched (it starts afresh
+every frame, with the same shapes for every reply): 15 of a frame's 16 forwards.
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
 text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a
@@ -34,7 +36,7 @@ safety net.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,8 +50,17 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-# The assistant header `<|im_start|>assistant\n`: its first three tokens open the talker's assistant block.
-ASSISTANT_HEADER_TOKENS = 3
+from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
+
+__all__ = [
+    "TalkerHistory",
+    "TalkerLimits",
+    "TalkerModel",
+    "TalkerReply",
+    "TalkerSampling",
+    "step_replies",
+]
+
 # Stands for an end-of-sequence token the caller did not pass; it is never embedded (the last
 # token of the text is always read as tts_eos).
 _EOS_PLACEHOLDER = -1
@@ -204,145 +215,6 @@ class TalkerModel:
         if text_ids.numel():
             out[~mm_mask] = self.talker.text_projection(self.thinker_embeddings(text_ids)).to(out.dtype)
         return out
-
-
-@dataclass
-class _UserSegment:
-    token_ids: torch.Tensor  # [n]
-    embeds: torch.Tensor  # [n, D]
-
-
-@dataclass
-class TalkerHistory:
-    """A session's user turns in talker space, built as the thinker prefills each turn.
-
-    Feed it every token the thinker consumes, in order (prompts with their hidden states,
-    replies by id): it tracks the role of each position the way `generate()` does (the token
-    after the last `<|im_start|>`) and keeps the user positions.
-    """
-
-    talker: TalkerModel
-    segments: list[_UserSegment] = field(default_factory=list)
-    image_grids: list[torch.Tensor] = field(default_factory=list)
-    video_grids: list[torch.Tensor] = field(default_factory=list)
-    audio_feature_lengths: list[torch.Tensor] = field(default_factory=list)
-    _role: int | None = None
-    _awaiting_role: bool = False  # an <|im_start|> ended the last chunk
-    _held: _UserSegment | None = None  # that <|im_start|>, kept until its role is known
-    _since_im_start: list[int] = field(default_factory=list)  # ids from the last <|im_start|> on
-
-    def add_prompt(
-        self,
-        token_ids: torch.Tensor,
-        mm_hidden: torch.Tensor | None = None,
-        image_grid_thw: torch.Tensor | None = None,
-        video_grid_thw: torch.Tensor | None = None,
-        audio_feature_lengths: torch.Tensor | None = None,
-    ) -> None:
-        """A prefill: its ids [L] and the accept-layer hidden states of its multimodal positions."""
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
-        if token_ids.numel() == 0:
-            return
-        embeds = self.talker.prompt_embeds(token_ids, mm_hidden)
-        self._keep_user_positions(token_ids, embeds)
-        self.add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
-
-    def add_grids(self, image_grid_thw=None, video_grid_thw=None, audio_feature_lengths=None) -> None:
-        """A prefill's image/video grids and audio feature lengths (for the talker's 3-D positions)."""
-        for grids, new in (
-            (self.image_grids, image_grid_thw),
-            (self.video_grids, video_grid_thw),
-            (self.audio_feature_lengths, audio_feature_lengths),
-        ):
-            if new is not None and torch.as_tensor(new).numel():
-                grids.append(torch.as_tensor(new).cpu())
-
-    def add_user_part(self, token_ids: torch.Tensor, mm_hidden: torch.Tensor | None = None) -> None:
-        """One user message the thinker already picked out (`ThinkerSession`'s `TalkerUserPart`):
-        all its ids and the accept-layer hidden states of its multimodal positions.
-
-        With this path the caller also passes the prefill's grids (`add_grids`) and ids (`track`).
-        """
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
-        if token_ids.numel():
-            self.segments.append(_UserSegment(token_ids, self.talker.prompt_embeds(token_ids, mm_hidden)))
-
-    def track(self, token_ids: torch.Tensor | list[int]) -> None:
-        """Follow prefilled ids for the assistant header only (their user parts came separately)."""
-        self._track_header(torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).tolist())
-
-    def add_reply(self, token_ids: torch.Tensor | list[int]) -> None:
-        """Reply tokens the thinker generated (assistant role: only the role tracking cares)."""
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
-        if token_ids.numel():
-            self._keep_user_positions(token_ids, None)
-
-    def assistant_header(self) -> list[int] | None:
-        """The open assistant header (`<|im_start|>assistant\\n`...) the last prompt ended with, if any."""
-        header = self._since_im_start
-        if len(header) >= ASSISTANT_HEADER_TOKENS and header[1] == self.talker.assistant_id:
-            return list(header)
-        return None
-
-    def _track_header(self, ids: list[int]) -> None:
-        for token in ids:
-            if token == self.talker.im_start_id:
-                self._since_im_start = []
-            if len(self._since_im_start) < 64:  # a header is a few tokens; never hold a whole turn
-                self._since_im_start.append(token)
-
-    def _keep_user_positions(self, token_ids: torch.Tensor, embeds: torch.Tensor | None) -> None:
-        ids = token_ids.tolist()
-        self._track_header(ids)
-        keep: list[int] = []
-        start = 0
-        if self._awaiting_role:
-            self._role = ids[0]
-            self._awaiting_role = False
-            if self._held is not None and self._role == self.talker.user_id:
-                self.segments.append(self._held)
-            self._held = None
-        for position, token in enumerate(ids[start:], start):
-            if token == self.talker.im_start_id:
-                if position + 1 < len(ids):
-                    self._role = ids[position + 1]
-                else:
-                    self._awaiting_role = True
-                    if embeds is not None:
-                        self._held = _UserSegment(token_ids[position : position + 1], embeds[position : position + 1])
-                    continue
-            if self._role == self.talker.user_id:
-                keep.append(position)
-        if keep and embeds is not None:
-            index = torch.tensor(keep)
-            self.segments.append(_UserSegment(token_ids[index], embeds[index.to(embeds.device)]))
-        elif keep:
-            raise ValueError("user-role tokens arrived without prompt embeddings (as reply tokens)")
-
-    def snapshot(self) -> tuple[Any, ...]:
-        """State to `restore` after an out-of-band reply, which must leave no trace."""
-        return (
-            len(self.segments),
-            len(self.image_grids),
-            len(self.video_grids),
-            len(self.audio_feature_lengths),
-            self._role,
-            self._awaiting_role,
-            self._held,
-            list(self._since_im_start),
-        )
-
-    def restore(self, snapshot: tuple[Any, ...]) -> None:
-        segments, images, videos, audios, self._role, self._awaiting_role, self._held, since = snapshot
-        del self.segments[segments:]
-        del self.image_grids[images:]
-        del self.video_grids[videos:]
-        del self.audio_feature_lengths[audios:]
-        self._since_im_start = list(since)
-
-    @property
-    def user_length(self) -> int:
-        return sum(int(segment.token_ids.shape[0]) for segment in self.segments)
 
 
 class TalkerReply:
