@@ -158,7 +158,15 @@ class Call:
         if isinstance(message, bytes):
             self.apply(self.protocol.receive_binary(message))
         elif len(message) > self.config.max_message_bytes:
-            self.apply(self.protocol.receive_binary(b""))  # refused like a binary frame; the session stays
+            # Refused; the session stays usable. (Large audio travels on the track, not here.)
+            error = {
+                "type": "invalid_request_error",
+                "code": "message_too_large",
+                "message": f"A data-channel message may be at most {self.config.max_message_bytes} bytes; got {len(message)}.",
+                "param": None,
+                "event_id": None,
+            }
+            self._send_own("error", error=error)
         elif '"output_audio_buffer.clear"' in message and self._clear_requested(message):
             return
         else:

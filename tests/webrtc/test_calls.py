@@ -133,3 +133,38 @@ async def test_hangup_ends_the_call_and_frees_its_session():
             await until_true(lambda: len(calls_of(server)) == 0 and not server.runtime.sessions)
             async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
                 assert (await http.post(f"/v1/realtime/calls/{call.call_id}/hangup")).status_code == 404
+
+
+async def test_data_channel_events_get_the_same_errors_as_on_the_websocket_and_oversized_ones_are_refused():
+    async with running_server(webrtc_profile(max_message_bytes=4096), api_key=API_KEY) as server:
+        async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True) as call:
+            await call.next_event("session.created")
+            call.send({"type": "no.such.event", "event_id": "evt_1"})
+            error = (await call.next_event("error"))["error"]
+            assert error["code"] == "unknown_event_type" and error["event_id"] == "evt_1"
+            call.channel.send("{not json")
+            assert (await call.next_event("error"))["error"]["code"] == "invalid_json"
+            call.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 5000}]}})
+            assert (await call.next_event("error"))["error"]["code"] == "message_too_large"
+            call.send({"type": "response.cancel"})
+            assert (await call.next_event("error"))["error"]["code"] == "response_cancel_not_active"
+            call.send({"type": "session.update", "session": {"instructions": "Still here."}})
+            assert (await call.next_event("session.updated"))["session"]["instructions"] == "Still here."
+
+
+async def test_a_call_whose_peer_never_connects_is_closed_after_the_connect_timeout():
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    async with running_server(webrtc_profile(connect_timeout_s=1), api_key=API_KEY) as server:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("audio")
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        await pc.close()  # gone before it ever connects
+        async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            reply = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"})
+        assert reply.status_code == 201
+        call = calls_of(server).get(reply.headers["location"].rsplit("/", 1)[-1])
+        await asyncio.wait_for(call.closed.wait(), 10)
+        assert call.close_reason == "connect_timeout"
+        assert call.pc.connectionState == "closed" and not server.runtime.sessions
