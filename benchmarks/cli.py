@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks import report
 from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 
-SCENARIOS = ("realtime", "speech", "components")
+SCENARIOS = ("realtime", "webrtc", "speech", "components")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-output-tokens", type=int, default=16, help="realtime: thinker tokens per reply (bounds the run; default 16)")
     load.add_argument("--stagger", type=float, default=1.0, help="realtime: sessions start at seeded offsets within this many seconds")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
+    load.add_argument("--webrtc-sessions", type=_ints, help="webrtc: concurrent calls per level (default 1,2; quick 1)")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
     load.add_argument("--level-budget", type=float, help="speech: seconds each level keeps sending (default 15; quick 2)")
     load.add_argument("--batch-items", type=int, help="speech: items in the batch request (default 8; quick 2)")
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": quick,
             "seed": args.seed,
             "scenarios": scenarios,
+            "webrtc": {"sessions": list(args.webrtc_sessions or ((1,) if quick else (1, 2)))},
             "realtime": {"sessions": list(sessions), **{k: getattr(realtime_settings, k) for k in ("turns", "stagger_s", "turn_timeout_s", "max_output_tokens")}},
             "speech": {"concurrency": list(speech_settings.concurrency), "level_budget_s": speech_settings.level_budget_s, "batch_items": speech_settings.batch_items},
         },
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         doc["note"] = args.note
     deadline = started + args.deadline
     out = Path(args.out)
-    if "realtime" in scenarios or "speech" in scenarios:
+    if {"realtime", "webrtc", "speech"} & set(scenarios):
         _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out)
     if "components" in scenarios:
         from benchmarks import components
@@ -184,6 +186,8 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
                 print(f"realtime N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
                 time.sleep(0.5)  # let the server free the sessions before the next level
             doc["realtime"] = {"levels": levels}
+        if "webrtc" in scenarios:
+            doc["webrtc"] = _run_webrtc(server, args, doc["settings"]["webrtc"]["sessions"], utterances, realtime_settings, deadline)
         if "speech" in scenarios:
             if time.monotonic() > deadline:
                 doc["speech"] = {"skipped": "deadline reached"}
@@ -193,6 +197,24 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
                 doc["speech"]["server"] = monitor.summary(1)
                 doc["speech"]["client_cpu_percent"] = client.cpu_percent()
                 print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)
+
+
+def _run_webrtc(server, args, counts, utterances, settings, deadline) -> dict[str, Any]:
+    import importlib.util
+
+    from benchmarks import webrtc
+
+    if importlib.util.find_spec("clients.python.webrtc") is None:
+        return {"skipped": "the WebRTC client (clients/python/webrtc.py) is not installed"}
+    levels = []
+    for count in counts:
+        if time.monotonic() > deadline:
+            levels.append(_skipped_level(count, "deadline reached"))
+            continue
+        level = asyncio.run(webrtc.run_level(server.base_url, server.model_id, args.api_key, count, utterances, settings))
+        levels.append(level)
+        print(f"webrtc N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors", file=sys.stderr)
+    return {"levels": levels}
 
 
 def _skipped_level(sessions: int, why: str) -> dict[str, Any]:

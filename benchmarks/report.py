@@ -5,6 +5,7 @@ The JSON document (`SCHEMA`) is the source of every other view:
     {"schema": "sgl-omni-bench/1", "created": ISO time, "machine": {...}, "server": {...},
      "settings": {...},
      "realtime":   {"levels": [{"sessions": N, "ttfa_from_speech_stopped_ms": {p50, p95, ...}, ...}]},
+     "webrtc":     {"levels": [{"sessions": N, "ttfa_from_speech_stopped_ms": {...}, ...}]},
      "speech":     {"levels": [{"concurrency": C, "mode": "file"|"sse", ...}], "batch": {...}},
      "components": {"<name>": {...}, ...},
      "ratios":     {"<name>": number, ...}}
@@ -45,6 +46,12 @@ def validate(doc: Any) -> None:
             for key in ("p50", "p95", "p99"):
                 if key not in level["ttfa_from_speech_stopped_ms"]:
                     raise ReportError(f"realtime.levels[{i}].ttfa_from_speech_stopped_ms is missing {key!r}")
+    webrtc = doc.get("webrtc")
+    if webrtc is not None and "skipped" not in webrtc:
+        for i, level in enumerate(_list(webrtc, "levels", "webrtc")):
+            for key in ("sessions", "ttfa_from_speech_stopped_ms", "turn_latency_ms", "errors"):
+                if key not in level:
+                    raise ReportError(f"webrtc.levels[{i}] is missing {key!r}")
     speech = doc.get("speech")
     if speech is not None and "skipped" not in speech:
         for i, level in enumerate(_list(speech, "levels", "speech")):
@@ -143,6 +150,28 @@ def render(doc: dict[str, Any]) -> str:
             out.append(_table(header, rows))
             out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; CPU% of one core; machine CPU% of all cores")
             errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
+            if errors:
+                out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
+    webrtc = doc.get("webrtc")
+    if webrtc is not None:
+        out.append("")
+        if "skipped" in webrtc:
+            out.append(f"webrtc: skipped ({webrtc['skipped']})")
+        else:
+            out.append("realtime over WebRTC (Opus tracks, events on the data channel): TTFA = first audible frame of the server's track")
+            rows = [
+                [
+                    str(level["sessions"]),
+                    f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
+                    _pcts(level["ttfa_from_speech_stopped_ms"]),
+                    _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
+                    _pcts(level["turn_latency_ms"], ("p50", "p95")),
+                    str(level["errors"]["count"]),
+                ]
+                for level in webrtc["levels"]
+            ]
+            out.append(_table(["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "errors"], rows))
+            errors = {k: v for level in webrtc["levels"] for k, v in level["errors"]["by_kind"].items()}
             if errors:
                 out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
     speech = doc.get("speech")
@@ -260,6 +289,8 @@ def flatten(doc: dict[str, Any]) -> dict[str, float]:
 
     for level in (doc.get("realtime") or {}).get("levels", []):
         walk(f"realtime[N={level['sessions']}]", {k: v for k, v in level.items() if k != "sessions"})
+    for level in (doc.get("webrtc") or {}).get("levels", []):
+        walk(f"webrtc[N={level['sessions']}]", {k: v for k, v in level.items() if k != "sessions"})
     speech = doc.get("speech") or {}
     for level in speech.get("levels", []):
         walk(f"speech[C={level['concurrency']},{level['mode']}]", {k: v for k, v in level.items() if k not in ("concurrency", "mode")})

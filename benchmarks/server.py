@@ -3,7 +3,7 @@
 `ManagedServer` runs `python -m session_server.cli serve --enable-realtime --host 127.0.0.1
 --port <free>` with a profile derived from `--config` (the embedded default when none) whose
 `limits.max_sessions` is raised to the largest session count the run needs, so admission does
-not refuse the load it was asked to measure. It waits for `/health` to answer 200, and on exit
+not refuse the load it was asked to measure, and whose WebRTC candidates are loopback only. It waits for `/health` to answer 200, and on exit
 sends SIGTERM (the server drains), then kills it if it has not exited in time. The server's
 log goes to a file next to the JSON report, not to the table on stdout.
 """
@@ -41,6 +41,9 @@ def bench_profile(config: str | None, max_sessions: int) -> dict[str, Any]:
     limits["max_sessions"] = max(int(limits.get("max_sessions", 8)), max_sessions)
     if limits.get("kv_tokens") and limits.get("max_seq_len"):
         limits["kv_tokens"] = max(int(limits["kv_tokens"]), max_sessions * int(limits["max_seq_len"]))
+    # The server binds 127.0.0.1 and so does the harness's WebRTC client: media stays on loopback.
+    webrtc = profile.get("webrtc")
+    profile["webrtc"] = {**(webrtc if isinstance(webrtc, dict) else {}), "candidates": "loopback"}
     return profile
 
 

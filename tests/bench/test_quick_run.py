@@ -1,6 +1,6 @@
 """One quick end-to-end run of `sgl-omni bench` against a real server with test-only model nodes.
 
-The server is the real app (realtime WebSocket route, silero VAD, dialog, speech routes) on
+The server is the real app (realtime WebSocket and WebRTC routes, silero VAD, dialog, speech routes) on
 127.0.0.1; the reply side is the fake reply node of the realtime tests and the fake speaker of
 the speech tests, so the run needs no model and takes seconds. The harness drives it through
 `--url`, exactly as it would drive a server started elsewhere.
@@ -29,12 +29,13 @@ def bench_profile(voices_dir) -> dict:
     profile["inputs"].update(speech["inputs"])
     profile["outputs"] += speech["outputs"]
     profile["speech"] = speech["speech"]
+    profile["webrtc"] = {"candidates": "loopback"}
     return profile
 
 
-async def test_a_quick_run_measures_realtime_sessions_and_speech_requests(tmp_path, capsys):
+async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_requests(tmp_path, capsys):
     async with running_server(bench_profile(tmp_path / "voices")) as server:
-        args = ["realtime", "speech", "--quick", "--url", server.base_url, "--server-pid", str(os.getpid()), "--out", str(tmp_path), "--name", "quick", "--fixtures", "synthetic", "--level-budget", "0.3"]
+        args = ["realtime", "webrtc", "speech", "--quick", "--url", server.base_url, "--server-pid", str(os.getpid()), "--out", str(tmp_path), "--name", "quick", "--fixtures", "synthetic", "--level-budget", "0.3"]
         assert await asyncio.to_thread(main, args) == 0
     out = capsys.readouterr().out
     doc = report.load_json(tmp_path / "quick.json")  # validates the schema
@@ -56,6 +57,11 @@ async def test_a_quick_run_measures_realtime_sessions_and_speech_requests(tmp_pa
         assert level["events_per_s"] > 0
         assert level["server"]["rss_mb"] > 0
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
+
+    # WebRTC: one call, its turn answered with audio on the server's track.
+    (call,) = doc["webrtc"]["levels"]
+    assert call["sessions"] == 1 and call["errors"]["count"] == 0, call["errors"]
+    assert call["turns_completed"] == 1 and call["ttfa_from_speech_stopped_ms"]["p50"] > 0
 
     # Speech: whole-file and SSE at concurrency 1 and 2, and the batch endpoint.
     modes = {(level["concurrency"], level["mode"]) for level in doc["speech"]["levels"]}
