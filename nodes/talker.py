@@ -2,7 +2,8 @@
 
     talker: {type: qwen3_omni.talker, params: {resource: omni, sampling: {do_sample: false},
                                                voices: {alloy: ethan}, max_frames_per_token: 8,
-                                               max_reply_frames: 4096}}
+                                               max_reply_frames: 4096, max_batch: 16,
+                                               keep_user_kv: true}}
 
 Input `hidden` (from the thinker), in order:
   * a prompt chunk for every thinker prefill, `HiddenChunk(token_ids=<the prefilled ids>,
@@ -69,6 +70,9 @@ class TalkerNode(Node):
         super().__init__(name, params, context)
         self.sampling = TalkerSampling.from_params(self.params.get("sampling"))
         self.voices = {str(k).lower(): str(v).lower() for k, v in (self.params.get("voices") or {}).items()}
+        # Keep each session's talker KV of its user turns between replies (a reply then prefills only
+        # the user turns new since the last one); costs that KV per session while it is idle.
+        self.keep_user_kv = bool(self.params.get("keep_user_kv", True))
         self.model: TalkerModel | None = None
         self.steps: Any = None
         self.omni: Any = None
@@ -113,7 +117,7 @@ class TalkerSession(NodeSession):
     def __init__(self, node: TalkerNode, session: SessionInfo):
         super().__init__(node, session)
         assert node.model is not None, "talker node not started"
-        self.history = TalkerHistory(node.model)
+        self.history = TalkerHistory(node.model, keep_kv=node.keep_user_kv)
         self._reply: TalkerReply | None = None
         self._reply_key: tuple[int, str] | None = None
         self._speaking: asyncio.Task[None] | None = None

@@ -258,6 +258,7 @@ class TalkerReply:
         self._next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
         self._last_position: torch.Tensor | None = None  # [4, 1, 1]
         self._first_codes: list[int] = []  # the talker's codes so far (repetition penalty input)
+        self.prefill_tokens = 0  # positions the prefill put through the talker (new user turns + block)
         self._generator = None
         if self.sampling.do_sample and self.sampling.seed is not None:
             self._generator = torch.Generator(device=talker.device).manual_seed(self.sampling.seed)
@@ -371,8 +372,14 @@ class TalkerReply:
 
     def _prefill(self) -> torch.Tensor:
         embeds, positions = self.prefill_inputs()
-        self._cache = DynamicCache(config=self.talker.talker.config.text_config)
-        return self._forward(embeds, positions)
+        cache, cached = self.history.take_kv()
+        if cache is None:
+            cache = DynamicCache(config=self.talker.talker.config.text_config)
+        self._cache = cache
+        self.prefill_tokens = embeds.shape[1] - cached
+        logits = self._forward(embeds[:, cached:], positions[..., cached:])
+        self.history.keep(cache, self.history.user_length)
+        return logits
 
     def _prefill_positions(self, talker_ids: torch.Tensor) -> torch.Tensor:
         """[4, 1, L] positions: the text row, then the 3 rope rows (3-D only around images)."""

@@ -39,6 +39,13 @@ class TalkerHistory:
 
     talker: TalkerModel
     segments: list[_UserSegment] = field(default_factory=list)
+    # The talker KV of the user turns, kept from the last reply's prefill (its first `kv_length`
+    # positions are the user turns; the rest, that reply's block and frames, is cropped off by the
+    # next reply). So a reply prefills only the user turns that are new since the last one.
+    # Costs the talker KV of the user turns per session between replies; `keep_kv=False` drops it.
+    keep_kv: bool = True
+    kv: Any = None
+    kv_length: int = 0
     image_grids: list[torch.Tensor] = field(default_factory=list)
     video_grids: list[torch.Tensor] = field(default_factory=list)
     audio_feature_lengths: list[torch.Tensor] = field(default_factory=list)
@@ -155,6 +162,23 @@ class TalkerHistory:
         del self.video_grids[videos:]
         del self.audio_feature_lengths[audios:]
         self._since_im_start = list(since)
+        self.kv_length = min(self.kv_length, self.user_length)  # the forgotten turns' KV is cropped later
+
+    def take_kv(self) -> tuple[Any, int]:
+        """The kept KV cropped to the user turns it holds, and their length (None, 0: none kept)."""
+        kv, length = self.kv, self.kv_length
+        self.kv, self.kv_length = None, 0
+        if kv is None or length > self.user_length:
+            return None, 0
+        extra = kv.get_seq_length() - length
+        if extra > 0:
+            kv.crop(-extra)
+        return kv, length
+
+    def keep(self, kv: Any, length: int) -> None:
+        """Keep a reply's KV, whose first `length` positions are the user turns, for the next reply."""
+        if self.keep_kv:
+            self.kv, self.kv_length = kv, length
 
     @property
     def user_length(self) -> int:

@@ -199,3 +199,32 @@ def test_a_failing_reply_in_a_batch_fails_alone(talker, prompt_ids):
 
     assert results[0].shape == (talker.num_code_groups,)
     assert isinstance(results[1], RuntimeError)
+
+
+def test_a_later_reply_prefills_only_the_user_turns_that_are_new_since_the_last_reply(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+    def turn(text, first):
+        messages = [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"][0]
+        return ids if first else torch.cat([torch.tensor(tokenizer.encode("<|im_end|>\n")), ids])
+
+    def run(keep_kv):
+        history = TalkerHistory(talker, keep_kv=keep_kv)
+        replies = []
+        for index, text in enumerate(["first question", "second, longer question"]):
+            ids = turn(text, index == 0)
+            history.add_prompt(ids)
+            reply = TalkerReply(talker, history, ids[-3:], sampling=GREEDY)
+            reply.add_text([104, 105, 106], final=True)
+            frames = torch.stack([reply.step() for _ in range(4)])
+            history.add_reply([104, 105, 106])
+            replies.append((reply, frames, history.user_length))
+        return replies
+
+    kept, fresh = run(keep_kv=True), run(keep_kv=False)
+
+    (_, _, first_users), (second, second_frames, users) = kept
+    assert second.prefill_tokens == users - first_users + 9  # the new user turn + the assistant block
+    assert fresh[1][0].prefill_tokens == users + 9
+    assert torch.equal(second_frames, fresh[1][1]) and torch.equal(kept[0][1], fresh[0][1])
