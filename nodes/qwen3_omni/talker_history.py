@@ -5,7 +5,9 @@ thinker's KV cache keeps no hidden states, and the audio/image positions of a us
 thinker's layer-`accept_hidden_layer` hidden states from that turn's prefill. So the talker keeps,
 per user message, its token ids and their talker-space embeddings (text positions through
 `text_projection`, multimodal positions through `hidden_projection`), built when the turn was
-prefilled; every reply's prefill starts with all of them.
+prefilled; every reply's prefill starts with all of them. It also keeps the talker KV of those
+user turns from the last reply (`keep_kv`), so a reply puts only the user turns that are new since
+the last reply (and its 9-position assistant block) through the talker.
 """
 
 from __future__ import annotations
