@@ -33,10 +33,8 @@ updates cannot interleave.
 from __future__ import annotations
 
 import base64
-import binascii
 import enum
 import itertools
-import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +56,7 @@ from graph.messages import (
 )
 from session_server.realtime import events as ev
 from session_server.realtime.audio_formats import OddByteCount, OutputEncoder, decode
+from session_server.realtime.conversation import Item, decode_base64, item_content, new_id, response_wire
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.session_config import ResponseSettings, SessionConfig, apply_update, response_settings
 
@@ -122,19 +121,6 @@ _TRANSITIONS = {
 
 
 @dataclass
-class Item:
-    id: str
-    role: str
-    content: list[dict[str, Any]]
-    status: str = "completed"
-    response_id: str | None = None
-    audio_ms: float = 0.0  # assistant audio sent to the client
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status, "role": self.role, "content": self.content}
-
-
-@dataclass
 class Response:
     id: str
     settings: ResponseSettings
@@ -149,25 +135,6 @@ class Response:
     @property
     def audio(self) -> bool:
         return "audio" in self.settings.output_modalities
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(10)}"
-
-
-def _usage(usage: Usage) -> dict[str, Any]:
-    return {
-        "total_tokens": usage.total_tokens,
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "input_token_details": {
-            "text_tokens": usage.input_text_tokens,
-            "audio_tokens": usage.input_audio_tokens,
-            "image_tokens": usage.input_image_tokens,
-            "cached_tokens": usage.cached_tokens,
-        },
-        "output_token_details": {"text_tokens": usage.output_text_tokens, "audio_tokens": usage.output_audio_tokens},
-    }
 
 
 class RealtimeProtocol:
@@ -293,7 +260,7 @@ class RealtimeProtocol:
             )
         if seq is not None and seq != self._next_seq:
             raise RealtimeError("invalid_seq", f"sglang.seq must be contiguous from 0: expected {self._next_seq}, got {seq}.", "sglang.seq")
-        data = self._b64(event.audio, "audio")
+        data = decode_base64(event.audio, "audio")
         fmt = self.config.input_format
         try:
             samples = decode(data, fmt)
@@ -333,8 +300,8 @@ class RealtimeProtocol:
         last = next(reversed(self.items), None)
         if event.previous_item_id not in (None, last):
             raise RealtimeError("unsupported", "Items can only be appended at the end of the conversation.", "previous_item_id")
-        args, content = self._item_content(item)
-        item_id = item.id or _new_id("item")
+        args, content = item_content(item, self.config.input_format)
+        item_id = item.id or new_id("item")
         self._to_graph(Command(target="dialog", name="add_item", args={"item_id": item_id, "role": item.role, **args}))
         self._turns_processed = True
         self._add_item(Item(item_id, item.role, content))
@@ -389,7 +356,7 @@ class RealtimeProtocol:
     def _on_InputImageAppend(self, event: ev.InputImageAppend) -> None:
         if len(event.image) > self.max_append_chars:
             raise RealtimeError("image_too_large", f"An image may be at most {self.max_append_chars} base64 characters.", "image")
-        data = self._b64(event.image, "image")
+        data = decode_base64(event.image, "image")
         if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
             raise RealtimeError("invalid_image", "The image must be a JPEG or PNG.", "image")
         t_ms = event.sglang.t_ms if event.sglang is not None and event.sglang.t_ms is not None else self._input_ms
@@ -479,7 +446,7 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ responses
 
     def _create_response(self, settings: ResponseSettings) -> None:
-        response = Response(_new_id("resp"), settings)
+        response = Response(new_id("resp"), settings)
         self.responses[response.id] = response
         reply = ReplyParams(
             response_id=response.id,
@@ -511,9 +478,9 @@ class RealtimeProtocol:
     def _start(self, response: Response) -> None:
         self._advance(response, ResponseState.IN_PROGRESS)
         settings = response.settings
-        self._send("response.created", response=self._response_wire(response, "in_progress"))
+        self._send("response.created", response=response_wire(self.session_id, response, "in_progress"))
         content = {"type": "output_audio", "transcript": ""} if response.audio else {"type": "output_text", "text": ""}
-        response.item = Item(_new_id("item"), "assistant", [], status="in_progress", response_id=response.id)
+        response.item = Item(new_id("item"), "assistant", [], status="in_progress", response_id=response.id)
         response.encoder = OutputEncoder(settings.output_format) if response.audio else None
         self._send("response.output_item.added", response_id=response.id, output_index=0, item=response.item.to_wire())
         if not settings.out_of_band:
@@ -540,7 +507,7 @@ class RealtimeProtocol:
     ) -> None:
         if response.state is ResponseState.QUEUED:
             self._advance(response, ResponseState.DONE)
-            self._send("response.done", response=self._response_wire(response, status, reason, usage, error))
+            self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
             return
         item = response.item
         assert item is not None
@@ -565,7 +532,7 @@ class RealtimeProtocol:
         self._advance(response, ResponseState.DONE)
         if usage is None:
             usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
-        self._send("response.done", response=self._response_wire(response, status, reason, usage, error))
+        self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
         self._start_next()
         self._maybe_drained()
 
@@ -580,83 +547,11 @@ class RealtimeProtocol:
             self._drained_sent = True
             self._send("sglang.input_audio.drained")
 
-    def _response_wire(
-        self,
-        response: Response,
-        status: str,
-        reason: str | None = None,
-        usage: Usage | None = None,
-        error: tuple[str, str] | None = None,
-    ) -> dict[str, Any]:
-        settings = response.settings
-        details: dict[str, Any] | None = None
-        if status != "in_progress" and status != "completed":
-            details = {"type": status, "reason": reason}
-            if error is not None:
-                details["error"] = {"type": "server_error", "code": error[0], "message": error[1]}
-        return {
-            "object": "realtime.response",
-            "id": response.id,
-            "status": status,
-            "status_details": details,
-            "output": [response.item.to_wire()] if response.item is not None and status != "in_progress" else [],
-            "conversation_id": None if settings.out_of_band else f"conv_{self.session_id}",
-            "output_modalities": list(settings.output_modalities),
-            "max_output_tokens": "inf" if settings.max_output_tokens is None else settings.max_output_tokens,
-            "audio": {"output": {"format": settings.output_format.to_wire(), "voice": settings.voice}},
-            "usage": None if usage is None else _usage(usage),
-            "metadata": settings.metadata,
-        }
-
     def _response_for(self, message: TextDelta | AudioOut | TurnDone) -> Response | None:
         response_id = message.response_id or self._by_turn.get(message.turn_id, "")
         return self.responses.get(response_id)
 
     # ------------------------------------------------------------------ helpers
-
-    def _item_content(self, item: ev.ItemParam) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Graph arguments and wire content of a client-created message item."""
-        texts: list[str] = []
-        audio = []
-        images: list[bytes] = []
-        content: list[dict[str, Any]] = []
-        allowed = {"user": {"input_text", "input_audio", "input_image"}, "system": {"input_text"}, "assistant": {"output_text", "text", "output_audio", "audio"}}
-        for index, part in enumerate(item.content):
-            param = f"item.content[{index}]"
-            if part.type not in allowed[item.role or "user"]:
-                raise RealtimeError("invalid_value", f"Content type {part.type!r} is not valid in a {item.role} message.", f"{param}.type")
-            if part.type in ("input_text", "output_text", "text"):
-                texts.append(part.text or "")
-                content.append({"type": part.type, "text": part.text or ""})
-            elif part.type in ("output_audio", "audio"):
-                texts.append(part.transcript or "")
-                content.append({"type": "output_audio", "transcript": part.transcript or ""})
-            elif part.type == "input_audio":
-                data = self._b64(part.audio or "", f"{param}.audio")
-                try:
-                    audio.append(decode(data, self.config.input_format))
-                except OddByteCount as exc:
-                    raise RealtimeError("invalid_audio", str(exc), f"{param}.audio") from None
-                content.append({"type": "input_audio", "transcript": part.transcript})
-            else:  # input_image: a data URL
-                url = part.image_url or ""
-                if not url.startswith("data:image/") or ";base64," not in url:
-                    raise RealtimeError("invalid_image", "input_image needs a base64 data URL (data:image/png;base64,...).", f"{param}.image_url")
-                images.append(self._b64(url.split(";base64,", 1)[1], f"{param}.image_url"))
-                content.append({"type": "input_image", "image_url": None, "detail": part.detail or "auto"})
-        args: dict[str, Any] = {"text": "\n".join(texts) if texts else None, "images": images}
-        if audio:
-            import numpy as np
-
-            args["audio"] = np.concatenate(audio)
-            args["sample_rate"] = self.config.input_format.rate
-        return args, content
-
-    def _b64(self, text: str, param: str) -> bytes:
-        try:
-            return base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise RealtimeError("invalid_base64", f"`{param}` is not valid base64.", param) from None
 
     def _item(self, item_id: str) -> Item:
         item = self.items.get(item_id)

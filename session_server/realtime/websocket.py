@@ -52,6 +52,9 @@ from session_server.state import ServerState
 
 log = logging.getLogger("session_server.realtime")
 
+# The graph input realtime sessions feed (audio, images and commands, in order).
+GRAPH_INPUT = "audio"
+
 
 @dataclass(frozen=True)
 class RealtimeSettings:
@@ -177,6 +180,8 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
         requested = websocket.query_params.get("model")
         if requested and requested != state.settings.model_id:
             link.apply(protocol.reject("model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."))
+        elif GRAPH_INPUT not in state.runtime.spec.inputs:
+            link.apply(protocol.reject("realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions."))
         else:
             try:
                 link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())
