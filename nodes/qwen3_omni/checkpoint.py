@@ -292,21 +292,15 @@ def tiny_config():
     )
 
 
-def build_tiny_checkpoint(out_dir: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Build the tiny checkpoint into `out_dir` (created; existing files are overwritten).
-
-    Same seed -> byte-identical weights. Returns the directory.
-    """
+def tiny_model(seed: int = 0):
+    """The tiny model in memory: seeded random weights, shaped by `_shape_random_weights`."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = tiny_config()
     ids = _token_ids()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3OmniMoeForConditionalGeneration(config)
+        model = Qwen3OmniMoeForConditionalGeneration(tiny_config())
         model.eval()
         with torch.no_grad():
             _shape_random_weights(model, ids)
@@ -315,7 +309,17 @@ def build_tiny_checkpoint(out_dir: str | os.PathLike[str], seed: int = 0) -> Pat
         pad_token_id=ids["<|endoftext|>"],
         do_sample=False,
     )
-    model.save_pretrained(out)
+    return model
+
+
+def build_tiny_checkpoint(out_dir: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Build the tiny checkpoint into `out_dir` (created; existing files are overwritten).
+
+    Same seed -> byte-identical weights. Returns the directory.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tiny_model(seed).save_pretrained(out)
     _build_tokenizer().save_pretrained(out)
     (out / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(), indent=2) + "\n")
     (out / "sgl_omni_tiny.json").write_text(json.dumps({"version": TINY_CHECKPOINT_VERSION, "seed": seed}) + "\n")
