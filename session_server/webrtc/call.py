@@ -51,7 +51,7 @@ from session_server.realtime.protocol import (
 )
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.ice import apply_candidate_policy, filter_remote_candidates, rtc_configuration
-from session_server.webrtc.media import InputAudio, ReplyAudioTrack
+from session_server.webrtc.media import InputAudio, RecentIds, ReplyAudioTrack
 
 log = logging.getLogger("session_server.webrtc")
 
@@ -93,7 +93,7 @@ class Call:
         self._inputs: deque[SendToGraph] = deque()
         self._inputs_changed = asyncio.Event()
         self._item_of: dict[str, str] = {}  # response id -> its assistant item id
-        self._cleared: set[str] = set()  # responses whose `output_audio_buffer.cleared` was sent
+        self._cleared = RecentIds()  # responses whose `output_audio_buffer.cleared` was sent
         self._event_ids = 0
         self.connected = asyncio.Event()
 
@@ -262,6 +262,8 @@ class Call:
             return  # the audio travels on the media track
         if kind == "response.output_item.added":
             self._item_of[event["response_id"]] = event["item"]["id"]
+            if len(self._item_of) > 64:
+                del self._item_of[next(iter(self._item_of))]
         elif kind == "response.done":
             response_id = event["response"]["id"]
             self.track.finish(response_id)

@@ -69,6 +69,37 @@ def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
     return array.mean(axis=1) if channels > 1 else array[:, 0]
 
 
+class RecentIds:
+    """A set that remembers only its `size` most recent ids (per-response bookkeeping stays
+    bounded however long a call lasts)."""
+
+    def __init__(self, size: int = 64):
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._size = size
+
+    def add(self, key: str) -> None:
+        self._ids[key] = None
+        self._ids.move_to_end(key)
+        while len(self._ids) > self._size:
+            self._ids.popitem(last=False)
+
+    def update(self, keys) -> None:
+        for key in keys:
+            self.add(key)
+
+    def discard(self, key: str) -> None:
+        self._ids.pop(key, None)
+
+    def clear(self) -> None:
+        self._ids.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class ReplyAudioTrack(MediaStreamTrack):
     """The server's outgoing audio track, paced in real time.
 
@@ -100,13 +131,17 @@ class ReplyAudioTrack(MediaStreamTrack):
         self._response_id: str | None = None  # response whose audio is queued
         self._push_rate = input_rate
         self._played: dict[str, int] = {}  # samples of each recent response that have left
-        self._finished: set[str] = set()
-        self._dropped: set[str] = set()  # cleared responses: their late audio is ignored
+        self._finished = RecentIds()
+        self._dropped = RecentIds()  # cleared responses: their late audio is ignored
         self._playing: str | None = None  # response whose frames are leaving now
         self._start: float | None = None
         self._timestamp = 0
         self.frames_sent = 0
         self.reply_frames_sent = 0
+        # Silence frames sent in the middle of a reply because its audio had not arrived in time
+        # (the producer was slower than real time): the only gaps the listener can hear.
+        self.underruns = 0
+        self.reply_frame_times: collections.deque[float] = collections.deque(maxlen=1000)  # for pacing checks
 
     # ------------------------------------------------------------------ producer side
 
@@ -193,7 +228,9 @@ class ReplyAudioTrack(MediaStreamTrack):
         response_id = self._queue[0][0]
         whole = self._queued >= FRAME_SAMPLES or response_id in self._finished
         if not whole:
-            return pcm  # underrun: the producer is slower than real time
+            if self._playing == response_id:
+                self.underruns += 1  # the producer is slower than real time
+            return pcm
         if self._playing != response_id:
             self._maybe_stopped()
             self._playing = response_id
@@ -210,6 +247,7 @@ class ReplyAudioTrack(MediaStreamTrack):
             else:
                 self._queue[0] = (response_id, chunk[take:])
         self.reply_frames_sent += 1
+        self.reply_frame_times.append(self._clock())
         self._played[response_id] = self._played.get(response_id, 0) + filled
         if len(self._played) > 16:
             del self._played[next(iter(self._played))]

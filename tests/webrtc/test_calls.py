@@ -54,6 +54,13 @@ async def test_spoken_turn_through_the_opus_track_gets_reply_audio_on_the_track_
             transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")["transcript"]
             assert transcript == "word0 word1 word2 "
 
+            # server side: the reply left as one 20 ms frame per 20 ms, with no gap while it played
+            track = calls_of(server).get(call.call_id).track
+            assert track.underruns == 0
+            intervals_ms = np.diff(np.array(track.reply_frame_times)) * 1000
+            print(f"reply frame intervals: median {np.median(intervals_ms):.2f} ms, p99 {np.percentile(intervals_ms, 99):.2f} ms, "
+                  f"min {intervals_ms.min():.2f} ms, max {intervals_ms.max():.2f} ms over {len(intervals_ms)} intervals")
+
             started = call.event_time("output_audio_buffer.started")
             stopped = call.event_time("output_audio_buffer.stopped")
             reply = call.received_audio(started - 0.2, stopped + 0.3)
