@@ -242,3 +242,23 @@ async def test_a_text_only_reply_streams_text_and_no_audio(start_runtime):
     assert out[-1].status == "incomplete" and out[-1].usage.output_audio_tokens == 0
     assert any(isinstance(m, TextDelta) for m in out)
     assert not any(isinstance(m, AudioOut) for m in out)
+
+
+async def test_concurrent_sessions_get_the_replies_they_would_get_alone(start_runtime):
+    runtime = await start_runtime()
+
+    async def converse(name, seed):
+        session = await runtime.open_session(name)
+        transcripts = []
+        for turn in range(2):
+            utterance = Turn(turn_id=2 * turn + 1, audio=speech(0.6 + 0.3 * turn, seed + turn), text=f"#{seed + turn}")
+            await session.send("turns", utterance)
+            await session.send("turns", Turn(turn_id=2 * turn + 2, reply=ReplyParams(response_id=f"{name}{turn}")))
+            transcripts.append((await until_done(session))[-1].transcript)
+        await session.close()
+        return transcripts
+
+    alone = [await converse("a0", 10), await converse("b0", 20)]
+    together = await asyncio.gather(converse("a1", 10), converse("b1", 20))
+    assert list(together) == alone
+    assert alone[0] != alone[1]
