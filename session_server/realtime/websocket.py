@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
@@ -76,8 +77,12 @@ _encode = msgspec.json.Encoder().encode
 class _Link:
     """One client connection: the protocol, its graph session and the three queues around it."""
 
-    def __init__(self, websocket: WebSocket, protocol: RealtimeProtocol, settings: RealtimeSettings):
+    def __init__(self, websocket: WebSocket, protocol: RealtimeProtocol, settings: RealtimeSettings, metrics: Any = None):
         self.websocket = websocket
+        self.metrics = metrics
+        # Time to first audio: from the end of the user's turn to the reply's first audio delta.
+        self.turn_ended_at: float | None = None
+        self.awaiting_audio: dict[str, float] = {}
         self.protocol = protocol
         self.settings = settings
         self.graph: Any = None
@@ -108,7 +113,23 @@ class _Link:
                 self.close_code, self.close_reason = action.code, action.reason
                 self.closed.set()
 
+    def _observe(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed") and self.turn_ended_at is None:
+            self.turn_ended_at = time.monotonic()
+        elif kind == "response.created":
+            started = self.turn_ended_at if self.turn_ended_at is not None else time.monotonic()
+            self.awaiting_audio[event["response"]["id"]] = started
+            self.turn_ended_at = None
+        elif kind == "response.output_audio.delta":
+            started = self.awaiting_audio.pop(event["response_id"], None)
+            if started is not None and self.metrics is not None:
+                self.metrics.first_audio("realtime", time.monotonic() - started)
+        elif kind == "response.done":
+            self.awaiting_audio.pop(event["response"]["id"], None)
+
     def _queue_event(self, event: dict[str, Any]) -> None:
+        self._observe(event)
         text = _encode(event).decode()
         if self.closed.is_set() and event["type"] != "session.closed":
             return
@@ -173,7 +194,7 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     session_id = f"sess_{secrets.token_hex(12)}"
     protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars)
-    link = _Link(websocket, protocol, settings)
+    link = _Link(websocket, protocol, settings, state.metrics)
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []
     try:

@@ -239,3 +239,12 @@ async def test_a_client_created_audio_item_reaches_the_model_at_16khz():
     turns = next(iter(srv.runtime.nodes["reply"].turns.values()))
     item_turn = next(t for t in turns if t.item_id == added.id)
     assert abs(len(item_turn.audio) - len(utterance()) * 16000 / 24000) < 400
+
+
+async def test_time_to_first_audio_is_exported_for_realtime_replies():
+    async with server(reply={"words": 2}) as srv:
+        async with sdk_client(srv).realtime.connect(model=MODEL) as conn:
+            await append_pcm(conn, utterance())
+            await until(conn, "response.done")
+        metrics = srv.state.metrics.render().decode()
+    assert 'sgl_omni_time_to_first_audio_seconds_count{transport="realtime"} 1.0' in metrics
