@@ -16,8 +16,10 @@ Input `hidden` (from the thinker), in order:
     The talker keeps the user turns' talker-space embeddings (`TalkerHistory`): every later
     reply's prefill starts with them.
   * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
-    as the thinker samples them. The first may carry `tensors["reply"]` (`ReplyParams`: voice,
-    sampling seed) or `tensors["voice"]`; else the session config's `voice` is used. The final
+    as the thinker samples them. The first may carry `tensors["reply"]` (`ReplyParams`: voice;
+    `sampling` keys seed, talker_temperature / top_k / top_p / repetition_penalty /
+    max_new_tokens; for speech requests `max_output_tokens` = frames) or `tensors["voice"]`; else
+    the session config's `voice` is used. The final
     chunk's `tensors["finish_reason"] == "stop"` says the reply ended on EOS (spoken whole);
     otherwise its last token is not spoken, as in `generate()` (it reads tts_eos there).
   * the reply's `TurnDone` (it also ends the reply's text if no final chunk came).
@@ -197,21 +199,37 @@ class TalkerSession(NodeSession):
         assert node.model is not None
         params = chunk.tensors.get("reply")
         voice = chunk.tensors.get("voice")
-        sampling = node.sampling
+        sampling, limits = node.sampling, node.limits
         if isinstance(params, ReplyParams):
             voice = voice or params.voice
-            if params.sampling.get("seed") is not None:
-                sampling = dataclasses.replace(sampling, seed=int(params.sampling["seed"]))
+            sampling, limits = self._reply_settings(params)
         voice = voice or self.session.config.get("voice")
         header = self.history.assistant_header() or list(node.omni.tokens.assistant_header)
         self._reply = TalkerReply(
-            node.model, self.history, header, speaker=node.speaker_for(voice), sampling=sampling, limits=node.limits
+            node.model, self.history, header, speaker=node.speaker_for(voice), sampling=sampling, limits=limits
         )
         self._reply_key = key
         self._wake.clear()
         self._speaking = asyncio.get_running_loop().create_task(
             self._speak(self._reply, chunk, emit), name=f"{self.session.session_id}:talker"
         )
+
+    def _reply_settings(self, params: ReplyParams) -> tuple[TalkerSampling, TalkerLimits]:
+        """The node's talker settings with a reply's overrides: `seed` and sglang-omni's `talker_*`
+        sampling keys; a speech request's `max_output_tokens` is its frame budget."""
+        sampling, limits = self.node.sampling, self.node.limits
+        overrides = {key[len("talker_") :]: value for key, value in params.sampling.items() if key in _TALKER_KEYS}
+        if params.sampling.get("seed") is not None:
+            overrides["seed"] = int(params.sampling["seed"])
+        frames = overrides.pop("max_new_tokens", None)
+        if self.session.kind == "speech" and params.max_output_tokens:
+            frames = params.max_output_tokens
+        if overrides:
+            sampling = dataclasses.replace(sampling, **overrides)
+        if frames is not None:
+            cap = int(frames) if limits.max_frames is None else min(limits.max_frames, int(frames))
+            limits = dataclasses.replace(limits, max_frames=cap)
+        return sampling, limits
 
     async def _finish_reply(self, done: TurnDone, emit: Emit) -> None:
         reply = self._reply
@@ -268,6 +286,11 @@ class TalkerSession(NodeSession):
         task = self._speaking
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+_TALKER_KEYS = frozenset(
+    {"talker_temperature", "talker_top_k", "talker_top_p", "talker_repetition_penalty", "talker_max_new_tokens"}
+)
 
 
 def _matches(interrupts: list[Interrupt], turn_id: int, response_id: str) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, TurnDone, Usage
+from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder
 
@@ -191,3 +191,18 @@ async def test_sessions_speaking_at_once_each_get_the_audio_they_get_alone(runti
 
     for mine, reference in zip(together, alone):
         assert np.allclose(mine, reference, rtol=0, atol=1e-5)
+
+
+async def test_reply_params_override_the_talkers_sampling_and_frame_budget(runtime):
+    session = await runtime.open_session("s")
+    reply = ReplyParams(response_id="r1", voice="aiden", sampling={"talker_max_new_tokens": 3, "seed": 5})
+    await session.send("hidden", prompt_chunk(runtime))
+    await session.send(
+        "hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104, 105, 106, 107), tensors={"reply": reply})
+    )
+    await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
+
+    out = await collect(session)
+
+    assert len([m for m in out if isinstance(m, CodecFrames) and len(m.codes)]) == 3  # not 2 x 4 tokens
+    await session.close()
