@@ -3,8 +3,8 @@
     omni = OmniModel.load(path=None, device="cpu", dtype="float32", max_seq_len=..., max_reply_tokens=...)
 
 `path=None` builds (once) and loads the tiny checkpoint (`checkpoint.ensure_tiny_checkpoint`).
-A directory is loaded with `local_files_only=True`; anything else is taken for a Hugging Face id
-that must already be in the local cache (run with `HF_HUB_OFFLINE=1`, nothing is downloaded).
+A directory is loaded as is; anything else is taken for a Hugging Face id that must already be in
+the local cache (`local_files_only=True` either way: nothing is ever downloaded).
 A missing or broken checkpoint raises `ModelLoadError` with one message that names the path.
 
 The same object is the graph resource `qwen3_omni.model` (registered below): every Qwen3-Omni
@@ -184,7 +184,8 @@ class OmniModel:
             raise ModelLoadError(f"cannot load Qwen3-Omni checkpoint {source!r}: no such directory")
         if is_dir and not (Path(source) / "config.json").is_file():
             raise ModelLoadError(f"cannot load Qwen3-Omni checkpoint {source!r}: config.json is missing")
-        common: dict[str, Any] = {"local_files_only": True} if is_dir else {}
+        # Never download: a Hugging Face id must already be in the local cache.
+        common: dict[str, Any] = {"local_files_only": True}
         try:
             model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
                 source,

@@ -74,3 +74,19 @@ def test_encoders_batch_turns_of_several_sessions_into_the_same_embeddings(omni)
         (alone,) = encode_turns(omni, [turn])
         torch.testing.assert_close(batched["audio_embeds"], alone["audio_embeds"], atol=1e-5, rtol=1e-5)
         assert batched["audio_embeds"].shape[0] == turn["input_ids"].tolist().count(omni.tokens.audio_pad)
+
+
+def test_a_hugging_face_id_loads_from_the_local_cache_only(tmp_path, monkeypatch, tiny_checkpoint):
+    cache = tmp_path / "hub"
+    repo = cache / "models--sgl--tiny-omni"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    shutil.copytree(tiny_checkpoint, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    omni = OmniModel.load("sgl/tiny-omni")
+    assert omni.speakers == ("chelsie", "ethan", "aiden")
+    assert omni.image_processor.patch_size == 16 and omni.feature_extractor.feature_size == 128
+    with pytest.raises(ModelLoadError, match="sgl/not-cached"):
+        OmniModel.load("sgl/not-cached")
