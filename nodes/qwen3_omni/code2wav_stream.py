@@ -22,9 +22,10 @@ The state lives in hooks on the model's conv modules that act only while a strea
 on the current thread; the model stays usable as is (one-shot decode, `generate()`) elsewhere.
 
 Chunk schedule: the first decode runs as soon as `first_chunk_frames` (default 1 frame = 57 ms of
-audio) are in, for a low time-to-first-audio; later decodes wait for `chunk_frames` frames
-(default 6): the total compute does not depend on the chunking, but every decode pays a fixed
-per-call cost (one kernel launch per layer on a GPU).
+audio) are in, for a low time-to-first-audio; each later chunk doubles, up to `chunk_frames`
+(default 6): 1, 2, 4, 6, 6, ... frames. The total compute does not depend on the chunking, but
+every decode pays a fixed per-call cost (one kernel launch per layer on a GPU); the ramp keeps the
+audio that is already out ahead of the next chunk while the chunks grow.
 """
 
 from __future__ import annotations
@@ -182,6 +183,13 @@ class Code2WavStream:
         self.decodes = 0
 
     @property
+    def next_chunk_frames(self) -> int:
+        """Frames the next decode waits for: first_chunk_frames, then doubling up to chunk_frames."""
+        if self.decodes == 0:
+            return self.first_chunk_frames
+        return max(self.first_chunk_frames, min(self.chunk_frames, self.first_chunk_frames << self.decodes))
+
+    @property
     def pending_frames(self) -> int:
         return sum(int(chunk.shape[0]) for chunk in self._pending)
 
@@ -192,7 +200,7 @@ class Code2WavStream:
         """
         if codes.numel():
             self._pending.append(codes.reshape(-1, codes.shape[-1]))
-        due = self.first_chunk_frames if self.decodes == 0 else self.chunk_frames
+        due = self.next_chunk_frames
         if self.pending_frames == 0 or (self.pending_frames < due and not final):
             return torch.empty(0)
         codes = torch.cat(self._pending)

@@ -65,18 +65,17 @@ def test_streamed_chunks_concatenated_equal_the_one_shot_decode(decoder, first_c
     assert torch.allclose(streamed, one_shot, rtol=0, atol=1e-12)
 
 
-def test_first_chunk_is_one_frame_and_later_chunks_wait_for_the_chunk_size(decoder):
-    codes = torch.randint(0, CODEBOOK, (14, QUANTIZERS), generator=torch.Generator().manual_seed(2))
+def test_first_chunk_is_one_frame_then_chunks_double_up_to_the_chunk_size(decoder):
+    codes = torch.randint(0, CODEBOOK, (21, QUANTIZERS), generator=torch.Generator().manual_seed(2))
 
-    chunks, stream = stream_in_pieces(decoder, codes, [1] * 14, first_chunk_frames=1, chunk_frames=4)
+    chunks, stream = stream_in_pieces(decoder, codes, [1] * 21, first_chunk_frames=1, chunk_frames=6)
 
     sizes = [len(chunk) for chunk in chunks]
+    decoded_at = [i + 1 for i, size in enumerate(sizes) if size]
     assert sizes[0] == 1920 - 555  # 57 ms of audio after the first frame
-    assert sizes[1:4] == [0, 0, 0]  # frames 2-4 wait for a 4-frame chunk
-    assert sizes[4] == 4 * 1920
-    assert sizes[-1] == 1920  # the final push flushes the 1-frame remainder
-    assert stream.decodes == 5  # chunks of 1, 4, 4, 4, 1 frames
-    assert sum(sizes) == 14 * 1920 - 555
+    assert decoded_at == [1, 3, 7, 13, 19, 21]  # chunks of 1, 2, 4, 6, 6 frames, then the final 2
+    assert sizes[1] == 0 and sizes[2] == 2 * 1920
+    assert sum(sizes) == 21 * 1920 - 555 and stream.decodes == 6
 
 
 def test_two_interleaved_streams_on_one_model_do_not_disturb_each_other(decoder):
