@@ -150,8 +150,14 @@ class Call:
             return
         self.channel = channel
         channel.on("message", self._on_channel_message)
+        channel.on("open", self._flush_pending)
         channel.on("close", lambda: self.close_soon("client_closed"))
-        while self._pending_events and channel.readyState == "open":
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        """Events queued before the channel opened (`session.created`...), in order."""
+        channel = self.channel
+        while self._pending_events and channel is not None and channel.readyState == "open":
             channel.send(self._pending_events.popleft())
 
     def _on_channel_message(self, message: str | bytes) -> None:
@@ -335,10 +341,15 @@ class Call:
             return
         text = json.dumps(event, separators=(",", ":"))
         channel = self.channel
-        if channel is None or channel.readyState != "open":
-            if channel is None and len(self._pending_events) < MAX_PENDING_EVENTS:
-                self._pending_events.append(text)
+        if channel is None or channel.readyState == "connecting" or self._pending_events:
+            if len(self._pending_events) >= MAX_PENDING_EVENTS:
+                self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
+                return
+            self._pending_events.append(text)
+            self._flush_pending()
             return
+        if channel.readyState != "open":
+            return  # closing or closed: the call is ending
         if channel.bufferedAmount > MAX_BUFFERED_BYTES and not self._closing:
             self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
             return
