@@ -211,7 +211,8 @@ class DialogSession(NodeSession):
             self.cancelled.discard(args["response_id"])
             self.idle_since_ms = self.now_ms
         elif command.name == "input_end":
-            if self.utterance_ms > 0 and (self.speaking or self.vad is None):
+            # What is left of the input becomes a last turn (less than 100 ms is dropped quietly).
+            if self.utterance_ms >= MIN_COMMIT_MS and (self.speaking or self.vad is None):
                 if self.speaking:
                     await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": self.now_ms, "item_id": self.item_id}))
                 await self._commit(emit, auto_reply=True)

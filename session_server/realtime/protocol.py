@@ -170,10 +170,10 @@ class RealtimeProtocol:
         self._send("session.created", session=self.config.to_wire(self.session_id))
         return self._flush()
 
-    def reject(self, code: str, message: str) -> list[Action]:
-        """The graph refused the session (e.g. `session_limit_reached`)."""
-        self._error(RealtimeError(code, message, type="server_error" if code != "session_limit_reached" else "invalid_request_error"))
-        return self._closing(code, CLOSE_TRY_AGAIN)
+    def reject(self, code: str, message: str, close_code: int = CLOSE_TRY_AGAIN) -> list[Action]:
+        """The session cannot start (`session_limit_reached`, `model_not_found`...): error, then close."""
+        self._error(RealtimeError(code, message, type="server_error" if code == "server_shutting_down" else "invalid_request_error"))
+        return self._closing(code, close_code)
 
     def receive_text(self, text: str | bytes) -> list[Action]:
         if self.state is SessionState.CLOSED:

@@ -200,9 +200,9 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
     try:
         requested = websocket.query_params.get("model")
         if requested and requested != state.settings.model_id:
-            link.apply(protocol.reject("model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."))
+            link.apply(protocol.reject("model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.", CLOSE_POLICY))
         elif GRAPH_INPUT not in state.runtime.spec.inputs:
-            link.apply(protocol.reject("realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions."))
+            link.apply(protocol.reject("realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions.", CLOSE_POLICY))
         else:
             try:
                 link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())

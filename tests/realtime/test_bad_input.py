@@ -159,8 +159,9 @@ async def test_a_wrong_model_is_refused_with_an_error_and_a_close():
             error = await client.error()
             assert error["code"] == "model_not_found"
             assert (await client.recv())["type"] == "session.closed"
-            with pytest.raises(websockets.ConnectionClosed):
+            with pytest.raises(websockets.ConnectionClosed) as closed:
                 await client.recv()
+            assert closed.value.rcvd.code == 1008
 
 
 async def test_a_missing_api_key_is_refused_before_the_handshake():
