@@ -8,7 +8,7 @@ server's VAD ends the turn. Events are printed as they arrive (with seconds sinc
 audio deltas are summarised), then the time to first audio: from the server's
 `input_audio_buffer.speech_stopped` to the first reply audio received (WebSocket: the first
 `response.output_audio.delta`; WebRTC: the first audible frame on the server's track). The
-reply audio is written to `--output` (24 kHz PCM16 WAV). Exit status 0 when a reply completed.
+reply audio is written to `--output` (24 kHz PCM16 WAV). Exit status 0 when a reply came (`completed`, or `incomplete` at the token limit).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def run(args: argparse.Namespace) -> int:
     write_wav(args.output, reply, OUTPUT_RATE)
     printer.line(f"reply: {status}, {len(reply) / OUTPUT_RATE:.2f} s of audio -> {args.output}")
     printer.line("time to first audio: " + (f"{first_audio_s * 1000:.0f} ms" if first_audio_s is not None else "n/a"))
-    return 0 if status == "completed" else 1
+    return 0 if status in ("completed", "incomplete") else 1
 
 
 async def _over_websocket(args, speech: np.ndarray, session: dict, printer: Printer):
@@ -115,13 +115,18 @@ async def _over_webrtc(args, speech: np.ndarray, session: dict, printer: Printer
         done: dict[str, Any] | None = None
         async with asyncio.timeout(args.timeout):
             while True:
-                event = await call.next_event()
+                # After response.done the reply may still be playing: wait for the track to stop.
+                playing = done is not None and call.event_time("output_audio_buffer.started") is not None
+                try:
+                    event = await call.next_event(timeout=args.timeout if done is None or playing else 1.0)
+                except TimeoutError:
+                    break  # a reply without audio
                 printer.event(*call.log[-1])
                 if event["type"] == "response.done":
                     done = event
-                    if event["response"]["status"] != "completed":
+                    if event["response"]["status"] in ("cancelled", "failed"):
                         break
-                if event["type"] == "output_audio_buffer.stopped" and done is not None:
+                if event["type"] in ("output_audio_buffer.stopped", "output_audio_buffer.cleared") and done is not None:
                     break
                 if event["type"] == "session.closed":
                     break
@@ -132,6 +137,8 @@ async def _over_webrtc(args, speech: np.ndarray, session: dict, printer: Printer
         audio = call.received_audio(started - 0.1, float("inf")) if started is not None else np.zeros(0, np.float32)
         reply = soxr.resample(_trim_silence(audio), TRACK_RATE, OUTPUT_RATE).astype(np.float32) if audio.size else audio
         status = done["response"]["status"] if done else "no reply"
+        if started is not None and stopped is not None:
+            printer.line(f"output_audio_buffer.started: {(started - stopped) * 1000:.0f} ms after speech_stopped (server side)")
         return status, reply, (first - stopped) if first is not None and stopped is not None else None
 
 
