@@ -86,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         if scenario not in SCENARIOS:
             print(f"unknown scenario {scenario!r} (choose from {', '.join(SCENARIOS)})", file=sys.stderr)
             return 2
-    doc = run(args)
+    from benchmarks.server import ServerStartError
+
+    try:
+        doc = run(args)
+    except ServerStartError as exc:
+        print(f"sgl-omni bench: {exc}", file=sys.stderr)
+        return 1
     out = Path(args.out)
     stem = args.name or "bench-" + doc["created"].replace(":", "").replace("-", "")[:15]
     json_path = out / f"{stem}.json"
