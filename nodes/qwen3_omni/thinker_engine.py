@@ -10,9 +10,9 @@
 Invariants (what makes a second turn cost only its new tokens):
 - `context_ids` are exactly the tokens whose keys/values are in `cache`, in order; their text is
   the canonical chat history, so prefilling it from scratch would give the same cache.
-- Every reply token is fed as it is chosen (the last one too, so the cache holds the whole
-  reply); the reply's closing `<|im_end|>\\n` waits in `pending` and is fed in front of the next
-  turn's tokens.
+- A reply token is returned as soon as it is chosen and fed at the start of the next step; when
+  the reply ends, its last token is fed too, so the cache holds the whole reply. The reply's
+  closing `<|im_end|>\\n` waits in `pending` and is fed in front of the next turn's tokens.
 - Usage: a reply's `cached_tokens` is the context as it stood when the previous reply ended
   (0 before the first): the user's new input counts as input even when it was prefilled early
   (at commit), so a second turn reports exactly the first turn's input + output as cached.
@@ -268,13 +268,20 @@ class ThinkerSession:
 
     @torch.inference_mode()
     def decode_step(self) -> Step:
-        """Choose the next reply token and feed it. Stops within one step of `interrupt()`."""
+        """Feed the previous reply token, then choose the next one and return it.
+
+        A chosen token is returned before the forward that feeds it (that forward opens the next
+        step), so the first token follows the prefill at once and the talker can start on it.
+        Stops within one step of `interrupt()`.
+        """
         reply = self._reply
         if reply is None or reply.finish_reason is not None:
             raise ThinkerError("no_reply", "no reply is in progress")
         index = len(reply.token_ids)
         if self._interrupt.is_set():
             return self._finish_step(reply, "interrupted", index)
+        self._feed_unfed(reply)
+        # A token is only chosen if it can be fed later with the closing still fitting after it.
         if len(self.context_ids) + 1 + _CLOSING_RESERVE > self.max_seq_len:
             return self._finish_step(reply, "context_exhausted", index)
         token = self._choose(self._last_logits)
@@ -282,7 +289,6 @@ class ThinkerSession:
             return self._finish_step(reply, "stop", index)
         reply.token_ids.append(token)
         text = self._new_text(reply)
-        self._feed_reply_token(reply, token)
         if len(reply.token_ids) >= reply.limit:
             self._finish(reply, reply.limit_reason)
             return Step(token, text + self._flush_text(reply), index, reply.limit_reason)
@@ -348,8 +354,13 @@ class ThinkerSession:
             self.pending = pending
             self.audio_tokens_in_context, self.image_tokens_in_context, self.turns = audio, image, turns
             return
-        self.pending = reply.token_ids[reply.fed :] + self.tokens.closing
+        self._feed_unfed(reply)  # the whole reply joins the history (and the cache)
+        self.pending = list(self.tokens.closing)
         self._previous_context = len(self.context_ids)
+
+    def _feed_unfed(self, reply: _Reply) -> None:
+        while reply.fed < len(reply.token_ids):
+            self._feed_reply_token(reply, reply.token_ids[reply.fed])
 
     def _feed_reply_token(self, reply: _Reply, token: int) -> None:
         position = self.next_position

@@ -223,8 +223,10 @@ def test_interrupt_stops_the_reply_before_its_next_step(omni):
     session.interrupt()
     step = session.decode_step()
     assert step.finish_reason == "interrupted" and step.token_id is None
-    assert session.tokens_forwarded == forwarded
+    # No new token was chosen; the last one chosen joined the history (one forward).
+    assert session.tokens_forwarded == forwarded + 1
     assert len(session.reply_token_ids) == 2
+    assert session.context_ids[-2:] == session.reply_token_ids
     assert session.pending == [omni.tokens.im_end, omni.tokens.newline]
 
 
@@ -246,3 +248,19 @@ def test_seeded_sampling_is_reproducible_per_session(omni):
 
     assert sample(7) == sample(7)
     assert sample(7) != sample(8)
+
+
+def test_each_token_is_returned_before_the_forward_that_feeds_it(omni):
+    session = ThinkerSession(omni, max_reply_tokens=3)
+    session.prefill(turn(omni, first=True, text="hi"))
+    forwarded = session.tokens_forwarded
+    first = session.decode_step()  # straight from the prefill's logits: the talker can start now
+    assert first.token_id is not None and session.tokens_forwarded == forwarded
+    session.decode_step()
+    assert session.tokens_forwarded == forwarded + 1
+    last = session.decode_step()
+    assert last.finish_reason == "length"
+    # The reply is over: all three tokens are in the cache, the closing waits for the next turn.
+    assert session.tokens_forwarded == forwarded + 3
+    assert session.cache.get_seq_length() == session.context_length
+    assert session.pending == [omni.tokens.im_end, omni.tokens.newline]
