@@ -421,6 +421,7 @@ def ensure_tiny_checkpoint(cache_dir: str | os.PathLike[str] | None = None, seed
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build_tiny_checkpoint(staging, seed=seed)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any other
         try:
             staging.rename(target)
         except OSError:
