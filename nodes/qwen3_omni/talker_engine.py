@@ -311,7 +311,15 @@ class TalkerReply:
         return result
 
     def _first_code(self) -> int | None:
-        """Phase 1 of a step: the talker forward and its code; None when the reply has ended."""
+        """Phase 1 of a step alone: the talker forward and its code; None when the reply has ended."""
+        phase = self._next_phase()
+        if phase is None:
+            return None
+        logits = self._prefill() if phase == "prefill" else self._forward(self._next_input())
+        return self._code_from(logits)
+
+    def _next_phase(self) -> str | None:
+        """What the next step does: "prefill", "decode", or None when the reply has ended."""
         if self._cancelled:
             self._finish("cancelled")
         if self.finished:
@@ -322,13 +330,18 @@ class TalkerReply:
         if budget is not None and self.frames >= budget:
             self._finish("frame_limit")
             return None
-        if self._cache is None:
-            if not self._text or self._text[0] == _EOS_PLACEHOLDER:  # the reply ended before its first token
-                self._finish("empty")
-                return None
-            logits = self._prefill()
-        else:
-            logits = self._forward(self._next_embeds + self._text_embed(self.frames))
+        if self._cache is not None:
+            return "decode"
+        if not self._text or self._text[0] == _EOS_PLACEHOLDER:  # the reply ended before its first token
+            self._finish("empty")
+            return None
+        return "prefill"
+
+    def _next_input(self) -> torch.Tensor:
+        """A decode step's input [1, 1, D]: the last frame's code embeddings + this step's text."""
+        return self._next_embeds + self._text_embed(self.frames)
+
+    def _code_from(self, logits: torch.Tensor) -> int | None:
         first_code = self._pick(logits)
         if first_code == self.talker.codec_eos_id:
             self._finish("eos")
@@ -446,26 +459,77 @@ class TalkerReply:
 def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseException]:
     """One step of many replies (of any sessions) at once: their next frames, in order.
 
-    Each reply's talker forward runs on its own (its KV cache has its own length); the code
-    predictor, which starts afresh every frame with the same shapes for everyone, runs batched:
-    15 of a frame's 16 forwards. A reply whose talker step fails gets its exception back alone.
+    Prefills run one by one. Decode steps run as one batched talker forward (each reply's KV
+    cache is left-padded to the longest for that forward, and the new position appended back to
+    its own cache), and the code predictor, which starts afresh every frame with the same shapes
+    for everyone, runs batched too. A reply whose own work fails gets its exception back alone.
     """
     results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
-    started: list[tuple[int, TalkerReply, int]] = []
+    logits: dict[int, torch.Tensor] = {}
+    decoding: list[int] = []
     for index, reply in enumerate(replies):
         try:
-            code = reply._first_code()
+            phase = reply._next_phase()
+            if phase == "prefill":
+                logits[index] = reply._prefill()
+            elif phase == "decode":
+                decoding.append(index)
         except Exception as exc:  # noqa: BLE001 - fails that reply's session only
+            results[index] = exc
+    if len(decoding) == 1:
+        reply = replies[decoding[0]]
+        logits[decoding[0]] = reply._forward(reply._next_input())
+    elif decoding:
+        batched = _forward_batched([replies[index] for index in decoding])
+        logits.update(zip(decoding, batched))
+    started: list[tuple[int, TalkerReply, int]] = []
+    for index in sorted(logits):
+        try:
+            code = replies[index]._code_from(logits[index])
+        except Exception as exc:  # noqa: BLE001
             results[index] = exc
             continue
         if code is not None:
-            started.append((index, reply, code))
+            started.append((index, replies[index], code))
     if started:
         frames = _predict_residuals([reply for _, reply, _ in started], [code for _, _, code in started])
         for (index, reply, _), frame in zip(started, frames):
             reply.frames += 1
             results[index] = frame
     return results
+
+
+def _forward_batched(replies: list[TalkerReply]) -> list[torch.Tensor]:
+    """One talker decode forward for several replies whose caches have different lengths."""
+    talker = replies[0].talker
+    device = talker.device
+    embeds = torch.cat([reply._next_input() for reply in replies], dim=0)  # [B, 1, D]
+    positions = torch.cat([reply._last_position + 1 for reply in replies], dim=1)  # [4, B, 1]
+    lengths = [reply._cache.get_seq_length() for reply in replies]
+    longest = max(lengths)
+    batch = DynamicCache(config=talker.talker.config.text_config)
+    for layer_index in range(len(replies[0]._cache.layers)):
+        layers = [reply._cache.layers[layer_index] for reply in replies]
+        keys = layers[0].keys.new_zeros((len(replies), *layers[0].keys.shape[1:2], longest, layers[0].keys.shape[-1]))
+        values = layers[0].values.new_zeros((len(replies), *layers[0].values.shape[1:2], longest, layers[0].values.shape[-1]))
+        for row, (layer, length) in enumerate(zip(layers, lengths)):
+            keys[row, :, longest - length :] = layer.keys[0]
+            values[row, :, longest - length :] = layer.values[0]
+        batch.update(keys, values, layer_index)
+    mask = torch.zeros((len(replies), longest + 1), dtype=torch.long, device=device)
+    for row, length in enumerate(lengths):
+        mask[row, longest - length :] = 1
+    out = talker.talker.model(
+        inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=batch, use_cache=True
+    )
+    hidden = out.last_hidden_state  # [B, 1, D]
+    logits = talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
+    for row, reply in enumerate(replies):
+        for layer_index, layer in enumerate(batch.layers):
+            reply._cache.update(layer.keys[row : row + 1, :, -1:], layer.values[row : row + 1, :, -1:], layer_index)
+        reply._last_hidden = hidden[row : row + 1, -1:]
+        reply._last_position = positions[:, row : row + 1, -1:]
+    return [logits[row : row + 1] for row in range(len(replies))]
 
 
 def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> list[torch.Tensor]:

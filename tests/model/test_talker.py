@@ -168,6 +168,8 @@ def test_replies_of_two_sessions_interleave_on_one_model_without_disturbing_each
 
 
 def test_a_batched_step_of_several_replies_gives_each_the_frames_it_gets_alone(talker, tiny_checkpoint):
+    """Decode steps of replies with different cache lengths run as one padded forward; a reply
+    that joins later prefills inside the same batched step."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
 
     def reply_for(text, tokens, speaker):
@@ -178,16 +180,26 @@ def test_a_batched_step_of_several_replies_gives_each_the_frames_it_gets_alone(t
         reply.add_text(tokens, final=True)
         return reply
 
-    specs = [("one", [104, 105, 106], "chelsie"), ("two, longer", [110, 111], "aiden"), ("three", [120], None)]
+    specs = [
+        ("one", [104, 105, 106], "chelsie"),
+        ("two, a longer prompt", [110, 111], "aiden"),
+        ("three", [120], None),
+        ("four joins late", [121, 122, 123, 124], None),
+    ]
     alone = []
     for spec in specs:
         reply = reply_for(*spec)
-        alone.append([reply.step() for _ in range(3)])
+        alone.append(torch.stack([reply.step() for _ in range(6)]))
+
     replies = [reply_for(*spec) for spec in specs]
-    batched = [step_replies(replies) for _ in range(3)]
+    batched = [[] for _ in specs]
+    for step in range(9):
+        active = [i for i in range(len(specs)) if (i < 3 and step < 6) or (i == 3 and 3 <= step < 9)]
+        for i, frame in zip(active, step_replies([replies[i] for i in active])):
+            batched[i].append(frame)
 
     for index in range(len(specs)):
-        assert torch.equal(torch.stack([step[index] for step in batched]), torch.stack(alone[index]))
+        assert torch.equal(torch.stack(batched[index]), alone[index])
 
 
 def test_a_failing_reply_in_a_batch_fails_alone(talker, prompt_ids):
