@@ -29,8 +29,8 @@ its usage as `output_audio_tokens`).
 
 The talker starts after the reply's first token and then needs one token of lookahead; it runs
 in its own task so the thinker's chunks never wait for it. Each frame is one call of the shared
-`talker` executor: frames wanted at the same time run as one batch (their
-code predictor batched; speech requests at lower priority than live sessions). An `Interrupt`
+`talker` executor: frames wanted at the same time run as one batch (one talker forward and one
+code predictor pass for all; speech requests at lower priority than live sessions). An `Interrupt`
 makes the next frame not run (the talker stops within one frame).
 
 Voices: a voice names one of the checkpoint's speakers (case-insensitive), or an alias from the
@@ -86,8 +86,7 @@ class TalkerNode(Node):
         if getattr(self.omni, "talker", None) is None:
             raise ValueError("the checkpoint has no talker (audio output disabled)")
         self.model = await self.context.compute.run(TalkerModel, self.omni.model)
-        # One shared executor: the frames that sessions want at the same time go through one
-        # batched code predictor (15 of a frame's 16 forwards).
+        # One shared executor: the frames that sessions want at the same time run as one batch.
         self.steps = self.context.compute.batcher("talker", step_replies, max_batch=int(self.params.get("max_batch", 16)))
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(

@@ -24,9 +24,9 @@ shows identical frames with greedy settings):
 Shared model state is left alone: positions are passed explicitly (so `talker.rope_deltas` is
 never read or written) and the code predictor is driven directly (its
 `generation_config.do_sample` is neither read nor written), so replies of many sessions can
-interleave on one model. `step_replies` steps the replies of many sessions at once: each talker
-forward on its own (KV caches of different lengths), the code predictor batched (it starts afresh
-every frame, with the same shapes for every reply): 15 of a frame's 16 forwards.
+interleave on one model. `step_replies` steps the replies of many sessions at once: one talker
+decode forward for all (their KV caches, of different lengths, left-padded for that forward) and
+one batched code predictor (it starts afresh every frame with the same shapes for every reply).
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
 text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a
