@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections import deque
 from typing import Any
 
@@ -76,8 +77,9 @@ class OfferError(ValueError):
 
 
 class Call:
-    def __init__(self, call_id: str, protocol: RealtimeProtocol, config: WebRTCConfig, on_closed=lambda call: None):
+    def __init__(self, call_id: str, protocol: RealtimeProtocol, config: WebRTCConfig, on_closed=lambda call: None, metrics: Any = None):
         self.id = call_id
+        self.metrics = metrics  # anything with `first_audio(transport, seconds)` (session_server.metrics)
         self.protocol = protocol
         self.config = config
         self.graph: Any = None  # the GraphSession, set by `start`
@@ -95,6 +97,9 @@ class Call:
         self._item_of: dict[str, str] = {}  # response id -> its assistant item id
         self._cleared = RecentIds()  # responses whose `output_audio_buffer.cleared` was sent
         self._event_ids = 0
+        # Time to first audio: from the end of the user's turn to the reply's first frame on the track.
+        self._turn_ended_at: float | None = None
+        self._awaiting_audio: dict[str, float] = {}
         self.connected = asyncio.Event()
 
     # ------------------------------------------------------------------ setup
@@ -263,6 +268,7 @@ class Call:
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
+        self._observe(event)
         if kind == "response.output_audio.delta":
             self._reply_audio(event)
             return  # the audio travels on the media track
@@ -326,7 +332,21 @@ class Call:
         asyncio.get_running_loop().call_soon(truncate)
         return True
 
+    def _observe(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed") and self._turn_ended_at is None:
+            self._turn_ended_at = time.monotonic()
+        elif kind == "response.created":
+            started = self._turn_ended_at if self._turn_ended_at is not None else time.monotonic()
+            self._awaiting_audio[event["response"]["id"]] = started
+            self._turn_ended_at = None
+            if len(self._awaiting_audio) > 64:
+                del self._awaiting_audio[next(iter(self._awaiting_audio))]
+
     def _audio_started(self, response_id: str) -> None:
+        started = self._awaiting_audio.pop(response_id, None)
+        if started is not None and self.metrics is not None:
+            self.metrics.first_audio("webrtc", time.monotonic() - started)
         self._send_own("output_audio_buffer.started", response_id=response_id)
 
     def _audio_stopped(self, response_id: str) -> None:

@@ -163,7 +163,7 @@ async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegis
     except SessionRejected as rejected:
         status = 429 if rejected.code == "session_limit_reached" else 503
         raise CallRefused(status, rejected.message, rejected.code, type="invalid_request_error" if status == 429 else "server_error") from None
-    call = Call(call_id, protocol, config, on_closed=calls.forget)
+    call = Call(call_id, protocol, config, on_closed=calls.forget, metrics=state.metrics)
     calls.add(call)
     try:
         answer = await call.answer(offer)

@@ -61,6 +61,10 @@ async def test_spoken_turn_through_the_opus_track_gets_reply_audio_on_the_track_
             print(f"reply frame intervals: median {np.median(intervals_ms):.2f} ms, p99 {np.percentile(intervals_ms, 99):.2f} ms, "
                   f"min {intervals_ms.min():.2f} ms, max {intervals_ms.max():.2f} ms over {len(intervals_ms)} intervals")
 
+            async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+                metrics = (await http.get("/metrics")).text
+            assert 'sgl_omni_time_to_first_audio_seconds_count{transport="webrtc"} 1.0' in metrics
+
             started = call.event_time("output_audio_buffer.started")
             stopped = call.event_time("output_audio_buffer.stopped")
             reply = call.received_audio(started - 0.2, stopped + 0.3)
