@@ -334,7 +334,7 @@ class ThinkerSession:
         self._crop_to(reply.start + kept_in_cache)
         reply.token_ids = reply.token_ids[:keep]
         reply.fed = kept_in_cache
-        reply.text = self.omni.tokenizer.decode(reply.token_ids)
+        reply.text = self._decode(reply.token_ids)
         self.pending = reply.token_ids[kept_in_cache:] + self.tokens.closing
         self._previous_context = len(self.context_ids)
         return reply.text
@@ -388,9 +388,13 @@ class ThinkerSession:
             probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=self._generator))
 
+    def _decode(self, token_ids: list[int]) -> str:
+        # No clean-up of spaces: text decoded so far must stay a prefix of what follows.
+        return self.omni.tokenizer.decode(token_ids, clean_up_tokenization_spaces=False)
+
     def _new_text(self, reply: _Reply) -> str:
         """The text the reply gained with its last token; holds back an incomplete UTF-8 sequence."""
-        full = self.omni.tokenizer.decode(reply.token_ids)
+        full = self._decode(reply.token_ids)
         if full.endswith("\ufffd"):
             return ""
         piece = full[len(reply.text) :] if full.startswith(reply.text) else ""
@@ -398,7 +402,7 @@ class ThinkerSession:
         return piece
 
     def _flush_text(self, reply: _Reply) -> str:
-        full = self.omni.tokenizer.decode(reply.token_ids)
+        full = self._decode(reply.token_ids)
         piece = full[len(reply.text) :] if full.startswith(reply.text) else ""
         reply.text = full
         return piece
