@@ -179,3 +179,22 @@ async def test_a_call_whose_peer_never_connects_is_closed_after_the_connect_time
         await asyncio.wait_for(call.closed.wait(), 10)
         assert call.close_reason == "connect_timeout"
         assert call.pc.connectionState == "closed" and not server.runtime.sessions
+
+
+async def test_concurrent_calls_each_get_their_own_reply():
+    async with running_server(webrtc_profile(reply={"words": 2, "chunk_ms": 200}), api_key=API_KEY) as server:
+
+        async def one_call(text: str) -> tuple[str, float]:
+            async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True, session={"instructions": text}) as call:
+                created = await call.next_event("session.created")
+                call.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+                call.send({"type": "response.create"})
+                done = await call.next_event("response.done")
+                assert done["response"]["status"] == "completed"
+                await until_true(lambda: call.event_time("output_audio_buffer.stopped") is not None)
+                heard = call.received_audio(call.event_time("output_audio_buffer.started") - 0.1, call.event_time("output_audio_buffer.stopped") + 0.3)
+                return created["session"]["id"], rms(heard)
+
+        results = await asyncio.gather(*(one_call(f"call {index}") for index in range(4)))
+        assert len({session_id for session_id, _ in results}) == 4
+        assert all(level > 0.05 for _, level in results)
