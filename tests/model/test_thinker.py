@@ -264,3 +264,15 @@ def test_each_token_is_returned_before_the_forward_that_feeds_it(omni):
     assert session.tokens_forwarded == forwarded + 3
     assert session.cache.get_seq_length() == session.context_length
     assert session.pending == [omni.tokens.im_end, omni.tokens.newline]
+
+
+def test_a_character_split_over_two_tokens_is_streamed_once_whole(omni):
+    from nodes.qwen3_omni.thinker_engine import _Reply
+
+    session = ThinkerSession(omni)
+    reply = _Reply(start=0)
+    pieces = []
+    for token in omni.tokenizer("hé!", add_special_tokens=False).input_ids:  # é is two byte tokens
+        reply.token_ids.append(token)
+        pieces.append(session._new_text(reply))
+    assert pieces == ["h", "", "é", "!"]
