@@ -1,6 +1,6 @@
 """Encoders: the thinker's audio and image encoders, batched across sessions.
 
-    encoders: {type: qwen3_omni.encoders, params: {resource: omni, max_batch: 16}}
+    encoders: {type: qwen3_omni.encoders, params: {resource: omni, max_batch: 16, warmup: true}}
 
 Input `features` (`Features` from preprocessing) -> output `embeddings` (`Embeddings` with the
 same tensors plus `audio_embeds`, `image_embeds`, `image_deepstack`; see
@@ -32,6 +32,23 @@ class Encoders(Node):
             lambda turns: encode_turns(omni, turns),
             max_batch=int(self.params.get("max_batch", 16)),
         )
+        if self.params.get("warmup", True):
+            await self.context.compute.run(self._warm_up, omni)
+
+    @staticmethod
+    def _warm_up(omni) -> None:
+        """Half a second of silence and a small image through both encoders (first-call costs)."""
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        from nodes.qwen3_omni.inputs import build_turn_inputs
+
+        image = io.BytesIO()
+        Image.new("RGB", (64, 64)).save(image, "PNG")
+        turn = build_turn_inputs(omni, audio=np.zeros(8000, np.float32), images=[image.getvalue()], text="hi")
+        encode_turns(omni, [turn.tensors()])
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return EncodersSession(self, session)

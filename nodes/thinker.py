@@ -1,7 +1,8 @@
 """Thinker: a session's conversation with persistent KV; streams the reply's text and tokens.
 
     thinker: {type: qwen3_omni.thinker, params: {resource: omni, max_seq_len: 32768,
-                                                 max_reply_tokens: 2048, sampling: {temperature: 0}}}
+                                                 max_reply_tokens: 2048, sampling: {temperature: 0},
+                                                 warmup: true}}
 
 Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
 - `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
@@ -79,6 +80,17 @@ class Thinker(Node):
         code2wav = self.omni.config.code2wav_config
         upsample = math.prod(list(code2wav.upsample_rates) + list(code2wav.upsampling_ratios))
         self.frame_ms = 1000.0 * upsample / 24000.0
+        if self.params.get("warmup", True):
+            await self.context.compute.run(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """One short reply in a throwaway session: the first live turn pays no first-call costs."""
+        from nodes.qwen3_omni.inputs import build_turn_inputs
+
+        session = ThinkerSession(self.omni, max_reply_tokens=2)
+        session.prefill(build_turn_inputs(self.omni, text="Hello.", add_generation_prompt=True).tensors())
+        while session.decode_step().finish_reason is None:
+            pass
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return ThinkerNodeSession(self, session)
