@@ -78,3 +78,12 @@ async def test_disconnect_mid_stream_closes_the_speech_session(tiny):
     response = await sdk(tiny).audio.speech.create(model=MODEL, voice="aiden", input="Next.", response_format="pcm",
                                                     extra_body={"max_new_tokens": 4})
     assert len(response.content) > 0
+
+
+async def test_max_new_tokens_caps_the_generated_codec_frames(tiny):
+    raw = await sdk(tiny).audio.speech.with_raw_response.create(
+        model=MODEL, voice="aiden", input="A sentence long enough to need more than a few frames.",
+        response_format="pcm", extra_body={"max_new_tokens": 3},
+    )
+    assert 0 < int(raw.headers["x-sgl-omni-output-tokens"]) <= 3
+    assert len(raw.content) <= 3 * 1920 * 2  # 1920 samples per codec frame at 24 kHz, 16-bit
