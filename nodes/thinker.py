@@ -16,11 +16,14 @@ Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
     `tensors["voice"]` and `["reply"]`, the final one with `["finish_reason"]` (the engine's:
     `stop` = EOS, the whole text is spoken) — only when the reply wants audio;
   * exactly one `TurnDone` per reply (status completed | incomplete | cancelled | failed, the
-    transcript and token usage with `cached_tokens` = the context reused from the KV cache).
+    transcript and token usage; `cached_tokens` = the context as it stood when the previous
+    reply ended, all of it reused from the KV cache — this turn's input counts as input even
+    when it was prefilled early, at commit).
 
 The per-session `ThinkerSession` (nodes/qwen3_omni/thinker_engine.py) keeps the KV cache across
 turns: a turn prefills only its own tokens. Each model call is one `compute.run`, so the event loop
-never computes and an `Interrupt` stops the reply before its next token.
+never computes and an `Interrupt` stops the reply before its next token. `thinker.model.rope_deltas`
+is never used (positions are per session), so sessions interleave freely on one model.
 
 Finish reasons -> TurnDone: EOS -> completed; the reply's `max_output_tokens` or the server's
 `max_reply_tokens` -> incomplete (`max_output_tokens`); the context's `max_seq_len` -> incomplete
