@@ -8,8 +8,9 @@
 
 Every protocol rule lives in `session_server/realtime/protocol.py`, exactly as for the
 WebSocket; this module moves messages and media. What is WebRTC-only:
-- reply audio travels on the media track, so `response.output_audio.delta` events are not sent
-  on the data channel (as OpenAI's WebRTC does); every other event is;
+- reply audio travels on the media track: the core is built with `audio_deltas=False` and hands
+  it over as `SendAudio` actions instead of `response.output_audio.delta` events (as OpenAI's
+  WebRTC does); every other event goes on the data channel;
 - `output_audio_buffer.started` / `.stopped` report when a reply's audio starts and stops
   *playing* on the track; `.cleared` when queued audio was dropped;
 - barge-in: the core's Interrupt (speech during a reply, `response.cancel`,
@@ -26,7 +27,6 @@ peer connection (and its sockets), tracks and tasks.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -39,7 +39,6 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from graph.messages import Interrupt
-from session_server.realtime.audio_formats import decode
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     Action,
@@ -47,6 +46,7 @@ from session_server.realtime.protocol import (
     ControlGraph,
     RealtimeProtocol,
     ResponseState,
+    SendAudio,
     SendEvent,
     SendToGraph,
 )
@@ -252,6 +252,8 @@ class Call:
         for action in actions:
             if isinstance(action, SendEvent):
                 self._event(action.event)
+            elif isinstance(action, SendAudio):
+                self.track.push(action.response_id, action.samples, action.sample_rate)
             elif isinstance(action, SendToGraph):
                 if len(self._inputs) >= MAX_PENDING_INPUTS:
                     self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
@@ -269,9 +271,6 @@ class Call:
     def _event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         self._observe(event)
-        if kind == "response.output_audio.delta":
-            self._reply_audio(event)
-            return  # the audio travels on the media track
         if kind == "response.output_item.added":
             self._item_of[event["response_id"]] = event["item"]["id"]
             if len(self._item_of) > 64:
@@ -290,13 +289,6 @@ class Call:
             self._barge_in()  # after the event: the client learns of the speech, then of the clear
             return
         self._send(event)
-
-    def _reply_audio(self, event: dict[str, Any]) -> None:
-        response = self.protocol.responses.get(event["response_id"])
-        if response is None:
-            return
-        fmt = response.settings.output_format
-        self.track.push(event["response_id"], decode(base64.b64decode(event["delta"]), fmt), fmt.rate)
 
     def _clear_audio(self, response_id: str | None, announce: bool = True) -> None:
         audible = self.track.clear()

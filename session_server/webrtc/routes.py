@@ -67,7 +67,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
                     "model",
                 )
             call_id, session_id = new_call_id()
-            protocol = RealtimeProtocol(session_id, state.settings.model_id)
+            # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
+            protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False)
             _initial_config(protocol, session)
             answer = await _start_call(state, config, calls, call_id, protocol, offer)
         except CallRefused as refused:
