@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
+import json
+import os
+import socket
 
 import psutil
 import websockets
@@ -47,11 +51,11 @@ async def test_a_session_past_its_maximum_lifetime_is_closed_with_that_reason():
 
 
 async def test_a_client_that_stops_reading_is_closed_instead_of_growing_server_memory():
-    profile = dict(reply={"words": 5000, "chunk_ms": 500}, realtime={"max_output_buffer_bytes": 256 * 1024})
+    profile = dict(reply={"words": 5000, "chunk_ms": 500}, realtime={"max_output_buffer_bytes": 256 * 1024, "close_timeout_s": 0.5})
     async with server(**profile) as srv:
-        async with raw_client(srv, max_queue=1) as client:
-            await client.recv()
-            await client.send({"type": "response.create"})
+        port = int(srv.base_url.rsplit(":", 1)[1])
+        reader, writer = await stalled_client(port, {"type": "response.create"})
+        try:
             async with asyncio.timeout(10):
                 while not srv.runtime.sessions:
                     await asyncio.sleep(0.01)
@@ -61,6 +65,32 @@ async def test_a_client_that_stops_reading_is_closed_instead_of_growing_server_m
                 await session.ended.wait()
             assert session.end_reason == "output_buffer_full"
             assert srv.runtime.sessions == {}
+        finally:
+            writer.close()
+
+
+async def stalled_client(port: int, event: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket client that sends one event and then never reads again (tiny receive window)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /v1/realtime?model=test-realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {API_KEY}\r\n\r\n"
+        ).encode()
+    )
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+    payload = json.dumps(event).encode()
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    writer.write(bytes([0x81, 0x80 | len(payload)]) + mask + masked)  # one small masked text frame
+    await writer.drain()
+    return reader, writer
 
 
 async def test_an_sglang_omni_session_client_flow():
