@@ -50,6 +50,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoePreTrainedModelForConditionalGeneration,
+)
+
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
 
 __all__ = [
@@ -113,6 +117,33 @@ class TalkerLimits:
         return budget
 
 
+class _RopeView:
+    """The talker as `get_rope_index` reads it, with the thinker's audio window.
+
+    transformers' `talker.get_rope_index` reads `config.audio_config.n_window`, which the talker
+    config lacks, so a user turn with an image AND audio makes `generate()` fail. This view gives
+    it the talker's token ids and merge size plus the thinker's audio config; for turns it can
+    handle, the positions are the same.
+    """
+
+    def __init__(self, talker: Any, audio_config: Any):
+        self._talker = talker
+        self.spatial_merge_size = talker.spatial_merge_size
+        self.config = _ConfigView(talker.config, audio_config)
+
+    def get_llm_pos_ids_for_vision(self, *args: Any) -> torch.Tensor:
+        return self._talker.get_llm_pos_ids_for_vision(*args)
+
+
+class _ConfigView:
+    def __init__(self, config: Any, audio_config: Any):
+        self._config = config
+        self.audio_config = audio_config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
 class TalkerModel:
     """The shared half: model handles, codec special ids and the tts special embeddings."""
 
@@ -143,6 +174,7 @@ class TalkerModel:
         # The top 1024 ids are codec specials and speakers; only codec EOS may be predicted.
         self.suppressed_ids = [i for i in range(vocab - 1024, vocab) if i != self.codec_eos_id]
         self.device = next(self.talker.parameters()).device
+        self.rope_view = _RopeView(self.talker, config.thinker_config.audio_config)
         with torch.inference_mode():
             specials = torch.tensor(
                 [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]], device=self.device
@@ -401,7 +433,8 @@ class TalkerReply:
         history = self.history
         if history.image_grids or history.video_grids:
             mask = torch.ones_like(talker_ids)
-            rope, _ = self.talker.talker.get_rope_index(
+            rope, _ = Qwen3OmniMoePreTrainedModelForConditionalGeneration.get_rope_index(
+                self.talker.rope_view,
                 talker_ids,
                 torch.cat(history.image_grids) if history.image_grids else None,
                 torch.cat(history.video_grids) if history.video_grids else None,

@@ -10,6 +10,7 @@ talker, then decodes everything at once. Same text tokens, same codec frames, sa
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import numpy as np
 import pytest
@@ -35,6 +36,15 @@ def omni(tiny_checkpoint) -> OmniModel:
     return omni
 
 
+def picture(seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((64, 64, 3)) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 def speech(seconds: float, seed: int) -> np.ndarray:
     return (0.1 * np.random.default_rng(seed).standard_normal(int(16000 * seconds))).astype(np.float32)
 
@@ -51,17 +61,22 @@ class Conversation:
         self.speaker = speaker
         self.prompt_ids: list[int] = []  # the whole conversation, as generate() will be given it
         self.features: list[torch.Tensor] = []
+        self.images: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def user_turn(self, text: str | None, audio: np.ndarray | None, system_prompt: str | None = None):
+    def user_turn(self, text: str | None, audio: np.ndarray | None, system_prompt: str | None = None, images=None):
         turn = build_turn_inputs(
-            self.omni, text=text, audio=audio, system_prompt=system_prompt, add_generation_prompt=True
+            self.omni, text=text, audio=audio, images=images, system_prompt=system_prompt, add_generation_prompt=True
         )
         encoded = encode_turns(self.omni, [turn.tensors()])[0]
         prefill = self.thinker.prefill(encoded)
         for part in prefill.user_parts:
             self.history.add_user_part(part.token_ids, part.multimodal_hidden)
+        lengths = torch.tensor(turn.audio_feature_lengths) if turn.audio_feature_lengths else None
+        self.history.add_grids(turn.image_grid_thw, None, lengths)
         self.prompt_ids += self.thinker.context_ids[len(self.prompt_ids) :]
         self.features += turn.audio_features
+        if turn.pixel_values is not None:
+            self.images.append((turn.pixel_values, turn.image_grid_thw))
         return self._reply()
 
     def _reply(self):
@@ -107,6 +122,9 @@ class Conversation:
                 input_features[i, :, : lengths[i]] = features
                 mask[i, : lengths[i]] = 1
             audio_inputs = {"input_features": input_features, "feature_attention_mask": mask}
+        if self.images:
+            audio_inputs["pixel_values"] = torch.cat([pixels for pixels, _ in self.images]).to(torch.float64)
+            audio_inputs["image_grid_thw"] = torch.cat([grid for _, grid in self.images])
         captured = []
         decode = model.code2wav.chunked_decode
         model.code2wav.chunked_decode = lambda codes, **kw: captured.append(codes) or decode(codes, **kw)
@@ -158,6 +176,32 @@ def test_the_second_turn_reuses_the_first_users_talker_embeddings(omni):
     assert chat.generate_prompt.count(omni.tokens.audio_start) == 2 and first[0]
 
     assert_same_reply(second, chat.generate(omni.tokens.eos), omni.tokens.eos, chat.decoder)
+
+
+def test_a_turn_with_an_image_streams_exactly_what_generate_produces(omni):
+    """Image positions reach the talker with 3-D rotary positions (its own get_rope_index)."""
+    chat = Conversation(omni)
+    streamed = chat.user_turn("what is in the picture?", None, images=[picture(seed=4)])
+    chat.generate_prompt = chat.prompt_ids[: len(chat.prompt_ids) - len(streamed[0])]
+
+    assert_same_reply(streamed, chat.generate(omni.tokens.eos), omni.tokens.eos, chat.decoder)
+
+
+def test_a_turn_with_an_image_and_speech_is_spoken_though_generate_cannot(omni):
+    """transformers' talker.get_rope_index reads an audio window its config lacks, so generate()
+    fails on such a turn; the stream computes the same positions with the thinker's audio window."""
+    chat = Conversation(omni)
+    tokens, frames, audio, _ = chat.user_turn("and this?", speech(0.7, seed=5), images=[picture(seed=6)])
+    chat.generate_prompt = chat.prompt_ids[: len(chat.prompt_ids) - len(tokens)]
+    with pytest.raises(AttributeError, match="audio_config"):
+        chat.generate(omni.tokens.eos)
+
+    assert len(frames) == REPLY_FRAMES and len(audio) == REPLY_FRAMES * 1920 - 555
+    reply = TalkerReply(chat.talker_model, chat.history, omni.tokens.assistant_header)
+    reply.add_text(tokens[:1])
+    _, positions = reply.prefill_inputs()
+    image_rows = positions[1:, 0, torch.tensor(chat.prompt_ids)[: positions.shape[-1]] == omni.tokens.image_pad]
+    assert not torch.equal(image_rows[1], image_rows[2])  # height and width positions differ: 3-D
 
 
 def test_a_reply_ending_on_eos_is_spoken_whole(omni):
