@@ -73,7 +73,7 @@ def espeak(text: str, words_per_minute: int = 160) -> np.ndarray:
     if samples.ndim > 1:
         samples = samples.mean(axis=1)
     samples = soxr.resample(samples, rate, SAMPLE_RATE).astype(np.float32)
-    return _normalize(samples)
+    return _trim(_normalize(samples))
 
 
 # Formants (F1, F2, F3 in Hz) of a few vowels; syllables cycle through them.
@@ -113,6 +113,16 @@ def _formant_filter(source: np.ndarray, formants: tuple[int, int, int]) -> np.nd
         bandwidth = 80 + formant * 0.05
         response += gain / (1 + ((freqs - formant) / bandwidth) ** 2)
     return np.fft.irfft(spectrum * response, n=source.size)
+
+
+def _trim(samples: np.ndarray, floor: float = 0.01, margin_s: float = 0.01) -> np.ndarray:
+    """Cut leading and trailing silence (espeak-ng adds ~350 ms at the end), so that "the end of
+    the user's audio" is the end of the speech."""
+    loud = np.nonzero(np.abs(samples) > floor)[0]
+    if loud.size == 0:
+        return samples
+    margin = int(margin_s * SAMPLE_RATE)
+    return samples[max(0, loud[0] - margin) : loud[-1] + margin + 1]
 
 
 def _normalize(samples: np.ndarray, peak: float = 0.6) -> np.ndarray:

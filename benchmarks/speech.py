@@ -63,13 +63,22 @@ def _wav_seconds(data: bytes) -> float:
     return info.frames / info.samplerate
 
 
+def _http_error(status: int, body: bytes) -> str:
+    """`http_503:speech_capacity_reached`: the status and, when the body is an OpenAI error, its code."""
+    try:
+        code = json.loads(body)["error"].get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code = None
+    return f"http_{status}:{code}" if code else f"http_{status}"
+
+
 async def _whole_file(client: httpx.AsyncClient, body: dict[str, Any]) -> _Outcome:
     started = time.perf_counter()
     try:
         response = await client.post("/v1/audio/speech", json={**body, "response_format": "wav"})
         latency = time.perf_counter() - started
         if response.status_code != 200:
-            return _Outcome(False, latency, error=f"http_{response.status_code}")
+            return _Outcome(False, latency, error=_http_error(response.status_code, response.content))
         return _Outcome(True, latency, audio_s=_wav_seconds(response.content))
     except httpx.HTTPError as exc:
         return _Outcome(False, time.perf_counter() - started, error=type(exc).__name__)
@@ -82,8 +91,8 @@ async def _sse(client: httpx.AsyncClient, body: dict[str, Any]) -> _Outcome:
     try:
         async with client.stream("POST", "/v1/audio/speech", json={**body, "response_format": "pcm", "stream_format": "sse"}) as response:
             if response.status_code != 200:
-                await response.aread()
-                return _Outcome(False, time.perf_counter() - started, error=f"http_{response.status_code}")
+                body = await response.aread()
+                return _Outcome(False, time.perf_counter() - started, error=_http_error(response.status_code, body))
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
