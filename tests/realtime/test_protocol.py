@@ -217,3 +217,24 @@ def test_a_media_track_transport_gets_decoded_audio_in_and_reply_audio_as_sample
     (audio,) = [a for a in actions if isinstance(a, SendAudio)]
     assert (audio.response_id, audio.sample_rate, len(audio.samples)) == (active.id, 24000, 2400)
     assert active.item.audio_ms == 100.0
+
+
+def test_items_can_be_retrieved_and_deleted():
+    protocol = opened()
+    send(protocol, type="conversation.item.create", item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+    (item_id,) = protocol.items
+    retrieved = events(send(protocol, type="conversation.item.retrieve", item_id=item_id))[0]
+    assert retrieved["item"]["content"] == [{"type": "input_text", "text": "hi"}]
+    deleted = events(send(protocol, type="conversation.item.delete", item_id=item_id))[0]
+    assert (deleted["type"], deleted["item_id"]) == ("conversation.item.deleted", item_id)
+    assert protocol.items == {}
+
+
+def test_output_audio_buffer_clear_cuts_the_active_reply():
+    protocol = opened()
+    commit(protocol, "item_a", 1)
+    (active,) = protocol.responses.values()
+    actions = send(protocol, type="output_audio_buffer.clear")
+    assert kinds(actions)[-2:] == ["response.done", "output_audio_buffer.cleared"]
+    assert any(isinstance(a, ControlGraph) and isinstance(a.control, Interrupt) for a in actions)
+    assert events(send(protocol, type="output_audio_buffer.clear"))[0]["error"]["code"] == "response_cancel_not_active"
