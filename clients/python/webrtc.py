@@ -76,7 +76,7 @@ class WebRTCSession:
             channel.on("message", call._on_message)
             pc.on("track", call._on_track)
             if loopback:
-                _loopback_only(pc)
+                loopback_only(pc)
             await pc.setLocalDescription(await pc.createOffer())
             answer = await call._post_offer(base_url, pc.localDescription.sdp, api_key, session, model, timeout)
             await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
@@ -171,7 +171,7 @@ class WebRTCSession:
         return reply.status_code
 
 
-def _loopback_only(pc: RTCPeerConnection) -> None:
+def loopback_only(pc: RTCPeerConnection) -> None:
     """Gather only a 127.0.0.1 host candidate on this peer's ICE connections."""
     transports = [t.sender.transport for t in pc.getTransceivers()]
     if pc.sctp is not None:
@@ -186,4 +186,4 @@ def _loopback_only(pc: RTCPeerConnection) -> None:
         connection.get_component_candidates = loopback
 
 
-__all__ = ["TRACK_RATE", "CallFailed", "WebRTCSession"]
+__all__ = ["TRACK_RATE", "CallFailed", "WebRTCSession", "loopback_only"]

@@ -9,7 +9,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
 from openai import AsyncOpenAI
 
-from clients.python.webrtc import _loopback_only
+from clients.python.webrtc import loopback_only
 from tests.conftest import running_server
 from tests.webrtc.helpers import API_KEY, MODEL, calls_of, until_true, webrtc_profile
 
@@ -29,7 +29,7 @@ async def test_sdk_mints_a_client_secret_creates_a_call_with_it_and_hangs_up():
             channel = pc.createDataChannel("oai-events")
             events: asyncio.Queue = asyncio.Queue()
             channel.on("message", lambda message: events.put_nowait(json.loads(message)))
-            _loopback_only(pc)
+            loopback_only(pc)
             await pc.setLocalDescription(await pc.createOffer())
             browser = AsyncOpenAI(base_url=server.base_url + "/v1", api_key=secret.value)
             answer = await browser.realtime.calls.with_raw_response.create(sdp=pc.localDescription.sdp, session={"type": "realtime", "model": MODEL})
