@@ -4,7 +4,7 @@
 `TurnDone` with usage, computing each chunk through a shared `Batcher` (as a model node would),
 at the session's priority. Audio depends only on (voice, seed, text): a tone per voice plus
 seeded noise. `params`: chunks_per_word (2), chunk_ms (100), step_delay_s (0: how long one
-executor step blocks its thread). Text containing "FAIL" fails the session after one chunk.
+executor step blocks its thread), max_batch (8). Text containing "FAIL" fails the session after one chunk.
 """
 
 from __future__ import annotations
@@ -54,9 +54,11 @@ class FakeSpeaker(Node):
         self.closed: list[str] = []
         self.turns: list[Turn] = []
         self.priorities: list[int] = []
+        self.order: list[str] = []  # the session of every executor step, in the order they ran
 
     async def start(self) -> None:
-        self.batcher = self.context.compute.batcher(f"{self.name}-executor", self._run_steps, max_batch=8)
+        max_batch = int(self.params.get("max_batch", 8))
+        self.batcher = self.context.compute.batcher(f"{self.name}-executor", self._run_steps, max_batch=max_batch)
 
     def _run_steps(self, items):
         delay = float(self.params.get("step_delay_s", 0))
@@ -65,6 +67,7 @@ class FakeSpeaker(Node):
         results = []
         for session_id, voice, seed, index, samples in items:
             self.steps[session_id] += 1
+            self.order.append(session_id)
             results.append(render_chunk(voice, seed, index, samples))
         return results
 
