@@ -87,3 +87,26 @@ async def test_max_new_tokens_caps_the_generated_codec_frames(tiny):
     )
     assert 0 < int(raw.headers["x-sgl-omni-output-tokens"]) <= 3
     assert len(raw.content) <= 3 * 1920 * 2  # 1920 samples per codec frame at 24 kHz, 16-bit
+
+
+async def test_the_streaming_text_websocket_speaks_each_sentence(tiny):
+    import json
+
+    from websockets.asyncio.client import connect
+
+    async with connect(f"{tiny.ws_url}/v1/audio/speech/stream") as ws:
+        await ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "split_granularity": "sentence",
+                                  "stream_audio": True, "max_new_tokens": 4}))
+        for piece in ["Hi there. ", "Dr. Who is ", "here."]:
+            await ws.send(json.dumps({"type": "input.text", "text": piece}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        events, audio_bytes = [], 0
+        while not events or events[-1]["type"] != "session.done":
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                audio_bytes += len(message)
+            else:
+                events.append(json.loads(message))
+    assert [e["sentence_text"] for e in events if e["type"] == "audio.start"] == ["Hi there.", "Dr. Who is here."]
+    done = [e for e in events if e["type"] == "audio.done"]
+    assert [d["error"] for d in done] == [False, False] and sum(d["total_bytes"] for d in done) == audio_bytes > 0
