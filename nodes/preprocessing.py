@@ -1,6 +1,7 @@
 """Preprocessing: one `Turn` -> the model inputs of that turn only (`Features`).
 
-    preprocessing: {type: qwen3_omni.preprocessing, params: {resource: omni, max_utterance_frames: 4}}
+    preprocessing: {type: qwen3_omni.preprocessing,
+                    params: {resource: omni, max_utterance_frames: 4, max_image_pixels: 200704}}
 
 Input `turns`: `Turn`s from dialog (user utterances with their images, client items, reply
 requests) and stateless speech requests. Output `features`: one `Features` per turn with
@@ -41,6 +42,10 @@ class Preprocessing(Node):
         self.omni = self.context.resource(self.params.get("resource", "omni"))
         # Images per turn: the newest ones win (dialog already picks the frames of the utterance).
         self.max_utterance_frames = int(self.params.get("max_utterance_frames", 4))
+        # Resize bound per image (None: the checkpoint's). A 1080p frame at Qwen3-Omni's own bound
+        # costs ~2,000 thinker tokens for the rest of the session; 448x448 costs ~200.
+        max_pixels = self.params.get("max_image_pixels")
+        self.max_image_pixels = int(max_pixels) if max_pixels else None
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return PreprocessingSession(self, session)
@@ -82,6 +87,7 @@ class PreprocessingSession(NodeSession):
             images=list(turn.images)[-self.node.max_utterance_frames :] if self.node.max_utterance_frames else [],
             system_prompt=system,
             add_generation_prompt=reply is not None,
+            max_image_pixels=self.node.max_image_pixels,
         )
         if not out_of_band:
             self.started = True

@@ -80,8 +80,13 @@ def audio_features(omni: OmniModel, samples: np.ndarray) -> tuple[torch.Tensor, 
     return out["input_features"][0, :, :frames].to(torch.float32), frames
 
 
-def image_patches(omni: OmniModel, images: list[bytes | Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encoded images (JPEG/PNG bytes or PIL images) -> (pixel_values, image_grid_thw)."""
+def image_patches(
+    omni: OmniModel, images: list[bytes | Any], max_pixels: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoded images (JPEG/PNG bytes or PIL images) -> (pixel_values, image_grid_thw).
+
+    `max_pixels` lowers the checkpoint's resize bound (each 32x32 pixels cost one thinker token).
+    """
     from PIL import Image
 
     decoded = []
@@ -89,7 +94,12 @@ def image_patches(omni: OmniModel, images: list[bytes | Any]) -> tuple[torch.Ten
         if isinstance(image, (bytes, bytearray, memoryview)):
             image = Image.open(io.BytesIO(bytes(image)))
         decoded.append(image.convert("RGB"))
-    out = omni.image_processor(images=decoded, return_tensors="pt")
+    processor = omni.image_processor
+    size = None
+    bounds = processor.size  # shortest_edge / longest_edge are pixel counts for this processor
+    if max_pixels is not None and max_pixels < bounds.longest_edge:
+        size = {"shortest_edge": min(bounds.shortest_edge, max_pixels), "longest_edge": max_pixels}
+    out = processor(images=decoded, return_tensors="pt", **({"size": size} if size else {}))
     return out["pixel_values"].to(torch.float32), out["image_grid_thw"].to(torch.long)
 
 
@@ -102,6 +112,7 @@ def build_turn_inputs(
     images: list[bytes] | None = None,
     system_prompt: str | None = None,
     add_generation_prompt: bool = False,
+    max_image_pixels: int | None = None,
 ) -> TurnInputs:
     tok = omni.tokens
     ids: list[int] = []
@@ -120,7 +131,7 @@ def build_turn_inputs(
             raise ValueError(f"unknown role {role!r}")
         ids += [tok.im_start, role_id, tok.newline]
         if images:
-            turn.pixel_values, turn.image_grid_thw = image_patches(omni, images)
+            turn.pixel_values, turn.image_grid_thw = image_patches(omni, images, max_image_pixels)
             merge = int(omni.image_processor.merge_size) ** 2
             for grid in turn.image_grid_thw.tolist():
                 count = int(np.prod(grid)) // merge

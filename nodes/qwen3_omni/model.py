@@ -206,6 +206,11 @@ class OmniModel:
                 return_attention_mask=True,
             )
             image_kwargs = {k: preprocessor.get(k, v) for k, v in _IMAGE_DEFAULTS.items()}
+            size = preprocessor.get("size") or {}
+            if "min_pixels" not in preprocessor and size.get("shortest_edge"):
+                image_kwargs["min_pixels"] = int(size["shortest_edge"])
+            if "max_pixels" not in preprocessor and size.get("longest_edge"):
+                image_kwargs["max_pixels"] = int(size["longest_edge"])
             image_processor = Qwen2VLImageProcessorPil(**image_kwargs)
         except ModelLoadError:
             raise

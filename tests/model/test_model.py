@@ -90,3 +90,15 @@ def test_a_hugging_face_id_loads_from_the_local_cache_only(tmp_path, monkeypatch
     assert omni.image_processor.patch_size == 16 and omni.feature_extractor.feature_size == 128
     with pytest.raises(ModelLoadError, match="sgl/not-cached"):
         OmniModel.load("sgl/not-cached")
+
+
+def test_max_image_pixels_lowers_the_image_token_cost(omni):
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (256, 256)).save(buffer, "PNG")
+    full = build_turn_inputs(omni, images=[buffer.getvalue()])
+    capped = build_turn_inputs(omni, images=[buffer.getvalue()], max_image_pixels=128 * 128)
+    assert full.image_tokens == 64 and capped.image_tokens == 16  # one token per 32x32 pixels
