@@ -57,18 +57,13 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             key = bearer_key(request.headers.raw)
             if key and state.settings.api_key is None:
                 client_secrets.redeem(key)  # no auth configured: the middleware did not redeem it
-            session = {**(client_secrets.session_of(key) or {}), **session}
-            requested = request.query_params.get("model") or session.get("model")
-            if requested and requested != state.settings.model_id:
-                raise CallRefused(
-                    400,
-                    f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.",
-                    "model_not_found",
-                    "model",
-                )
+            minted = client_secrets.session_of(key) or {}
+            _check_model(state, request.query_params.get("model") or session.get("model") or minted.get("model"))
             call_id, session_id = new_call_id()
             # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
             protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False)
+            # The key's config first, then what came with the offer, each as a session.update patch.
+            _initial_config(protocol, minted)
             _initial_config(protocol, session)
             answer = await _start_call(state, config, calls, call_id, protocol, offer)
         except CallRefused as refused:
@@ -93,6 +88,7 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             return openai_error_response(400, "The request body is not valid JSON.", code="invalid_json")
         try:
             seconds, session = parse_request(body)
+            _check_model(state, session.get("model"))
             protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id)
             _initial_config(protocol, session)
             secret = client_secrets.mint(seconds, session)
@@ -144,6 +140,16 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
     if not any(line.startswith("m=audio ") for line in lines):
         raise CallRefused(400, "The SDP offer has no audio m-line; a realtime call needs one audio track.", "missing_audio", "sdp")
     return sdp, session
+
+
+def _check_model(state: ServerState, requested: Any) -> None:
+    if requested and requested != state.settings.model_id:
+        raise CallRefused(
+            400,
+            f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.",
+            "model_not_found",
+            "model",
+        )
 
 
 def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:

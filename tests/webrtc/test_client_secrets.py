@@ -56,9 +56,10 @@ async def test_a_minted_key_opens_one_websocket_session():
         ({"expires_after": {"anchor": "created_at", "seconds": "60"}}, "expires_after.seconds"),
         ({"expires_after": {"anchor": "last_used", "seconds": 60}}, "expires_after.anchor"),
         ({"session": {"type": "transcription"}}, "session.type"),
+        ({"session": {"model": "gpt-realtime"}}, "model"),
         ({"session": {"audio": {"output": {"format": {"type": "audio/ogg"}}}}}, "session.audio.output.format"),
     ],
-    ids=["9s", "7201s", "string-seconds", "anchor", "transcription", "bad-format"],
+    ids=["9s", "7201s", "string-seconds", "anchor", "transcription", "other-model", "bad-format"],
 )
 async def test_out_of_bounds_or_invalid_requests_are_400_naming_the_param(body, param):
     async with running_server(webrtc_profile(), api_key=API_KEY) as server:
@@ -99,3 +100,12 @@ def test_outstanding_keys_are_bounded():
         store.mint(60, {})
     assert full.value.status == 429
     assert parse_request(None) == (600, {})
+
+
+async def test_the_offer_session_patches_the_minted_one():
+    async with running_server(webrtc_profile(), api_key=API_KEY) as server:
+        key = (await mint(server, {"session": {"instructions": "Minted.", "audio": {"input": {"turn_detection": None}}}})).json()["value"]
+        async with WebRTCSession.connect(server.base_url, key, session={"max_output_tokens": 5}, loopback=True) as call:
+            session = (await call.next_event("session.created"))["session"]
+            assert session["instructions"] == "Minted." and session["audio"]["input"]["turn_detection"] is None
+            assert session["max_output_tokens"] == 5
