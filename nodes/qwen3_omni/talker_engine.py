@@ -584,9 +584,7 @@ def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> li
     embeds = [first_embed]
     for group in range(1, talker.num_code_groups):
         logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-        code = torch.cat(
-            [reply._choose(reply._predictor_processors(no_history, logits[row : row + 1])) for row, reply in enumerate(replies)]
-        ).view(batch, 1)
+        code = _choose_residuals(replies, logits, no_history).view(batch, 1)
         codes.append(code.view(batch))
         embed = predictor.get_input_embeddings()[group - 1](code)
         embeds.append(embed)
@@ -597,3 +595,21 @@ def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> li
     for row, reply in enumerate(replies):
         reply._next_embeds = next_embeds[row : row + 1]
     return list(frames)
+
+
+def _choose_residuals(replies: list[TalkerReply], logits: torch.Tensor, no_history: torch.Tensor) -> torch.Tensor:
+    """One residual code per row of `logits` [B, V]: greedy rows by one argmax; sampled rows through
+    the code predictor's processors at once, drawn from each reply's own generator when it has one."""
+    codes = torch.argmax(logits, dim=-1)
+    sampled = [row for row, reply in enumerate(replies) if reply.sampling.do_sample]
+    if not sampled:
+        return codes
+    rows = torch.tensor(sampled, device=logits.device)
+    probs = torch.softmax(replies[sampled[0]]._predictor_processors(no_history, logits[rows]), dim=-1)
+    shared = [i for i, row in enumerate(sampled) if replies[row]._generator is None]
+    if shared:
+        codes[rows[shared]] = torch.multinomial(probs[shared], num_samples=1).squeeze(1)
+    for i, row in enumerate(sampled):
+        if replies[row]._generator is not None:
+            codes[row] = torch.multinomial(probs[i : i + 1], num_samples=1, generator=replies[row]._generator)[0, 0]
+    return codes
