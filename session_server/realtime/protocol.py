@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from graph.messages import (
     AudioChunk,
     AudioOut,
@@ -165,6 +166,15 @@ class RealtimeProtocol:
     def graph_config(self) -> dict[str, Any]:
         """The session config nodes start with (`SessionInfo.config`)."""
         return self.config.to_graph()
+
+    def configure_initial(self, session: dict[str, Any]) -> None:
+        """Start from a session config given before the session opens (minted into an ephemeral
+        key, or sent with a WebRTC offer). Raises `RealtimeError` when it is not valid."""
+        session = {key: value for key, value in session.items() if key not in ("type", "model")}
+        if session:
+            event = ev.parse_client_event(msgspec.json.encode({"type": "session.update", "session": session}))
+            assert isinstance(event, ev.SessionUpdate)
+            self.config = apply_update(self.config, event.session, turns_processed=False, audio_produced=False)
 
     def open(self) -> list[Action]:
         self._send("session.created", session=self.config.to_wire(self.session_id))

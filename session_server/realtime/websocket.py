@@ -38,7 +38,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from graph.errors import SessionRejected
 from graph.messages import Message
-from session_server.auth import subprotocols
+from session_server.auth import request_key, subprotocols
+from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     MAX_APPEND_CHARS,
@@ -198,11 +199,9 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []
     try:
-        requested = websocket.query_params.get("model")
-        if requested and requested != state.settings.model_id:
-            link.apply(protocol.reject("model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.", CLOSE_POLICY))
-        elif GRAPH_INPUT not in state.runtime.spec.inputs:
-            link.apply(protocol.reject("realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions.", CLOSE_POLICY))
+        refusal = _refusal(websocket, state, protocol)
+        if refusal is not None:
+            link.apply(protocol.reject(*refusal, CLOSE_POLICY))
         else:
             try:
                 link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())
@@ -223,6 +222,26 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
         if link.graph is not None:
             await link.graph.close(link.close_reason or "client_closed")
         await _finish(link, writer)
+
+
+def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:
+    """Why this connection cannot become a session, as (code, message); None when it can.
+
+    Also applies the session config minted into an ephemeral key (`POST /v1/realtime/client_secrets`),
+    so the graph starts with it."""
+    requested = websocket.query_params.get("model")
+    if requested and requested != state.settings.model_id:
+        return "model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."
+    if GRAPH_INPUT not in state.runtime.spec.inputs:
+        return "realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions."
+    minted_by = getattr(websocket.app.state, "client_secrets", None)
+    minted = minted_by.session_of(request_key(websocket.scope)) if minted_by is not None else None
+    if minted:
+        try:
+            protocol.configure_initial(minted)
+        except RealtimeError as error:
+            return error.code, error.message
+    return None
 
 
 async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:

@@ -15,7 +15,7 @@ import websockets
 from nodes.dialog import DialogSession
 from nodes.vad import VadSession
 from session_server.realtime.protocol import RealtimeProtocol
-from tests.conftest import running_server
+from tests.conftest import http_client, running_server
 from tests.realtime.client import API_KEY, b64, raw_client, utterance
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.speech import pcm16
@@ -164,3 +164,19 @@ async def test_200_sessions_opened_and_closed_leave_no_state_behind():
                 await asyncio.sleep(0.1)
         print(f"RSS growth after 200 sessions: {rss_growth / 2**20:.1f} MiB")
         assert rss_growth < 64 * 2**20
+
+
+async def test_a_session_opened_with_an_ephemeral_key_starts_with_the_config_minted_into_it():
+    async with server() as srv:
+        async with http_client(srv, API_KEY) as http:
+            minted = await http.post(
+                "/v1/realtime/client_secrets",
+                json={"session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": {"turn_detection": None}}}},
+            )
+        assert minted.status_code == 200, minted.text
+        async with raw_client(srv, api_key=minted.json()["value"]) as client:
+            session = (await client.recv())["session"]
+            assert session["instructions"] == "Be brief."
+            assert session["audio"]["input"]["turn_detection"] is None
+            (graph_session,) = srv.runtime.sessions.values()
+            assert graph_session.info.config["turn_detection"] is None  # the graph started in manual mode
