@@ -516,8 +516,7 @@ class RealtimeProtocol:
         error: tuple[str, str] | None = None,
     ) -> None:
         if response.state is ResponseState.QUEUED:
-            self._advance(response, ResponseState.DONE)
-            self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
+            self._advance(response, ResponseState.DONE)  # never announced: it ends without events
             return
         item = response.item
         assert item is not None
