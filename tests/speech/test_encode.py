@@ -112,3 +112,18 @@ def test_decode_audio_reads_uploads_and_rejects_garbage():
     assert rate == RATE and abs(len(decoded) - RATE) < RATE * 0.1
     with pytest.raises(ValueError, match="decode"):
         encode.decode_audio(b"this is not audio at all" * 100)
+
+
+@pytest.mark.parametrize("container, codec", [("adts", "aac"), ("webm", "libopus"), ("mp4", "aac")])
+def test_decode_audio_reads_aac_webm_and_mp4_uploads(container, codec):
+    samples = tone(300.0, rate=48000)
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as output:
+        stream = output.add_stream(codec, rate=48000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples[np.newaxis, :], format="flt", layout="mono")
+        frame.sample_rate, frame.pts = 48000, 0
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            output.mux(packet)
+    decoded, rate = encode.decode_audio(buffer.getvalue())
+    assert rate == 48000 and abs(len(decoded) - 48000) < 2048
+    assert abs(dominant_frequency(decoded, rate) - 300) < 5
