@@ -181,7 +181,8 @@ class DialogSession(NodeSession):
             if was_manual != (self.vad is None):
                 self._reset_utterance()
         elif command.name == "commit":
-            await self._commit(emit, auto_reply=False)
+            if await self._commit(emit, auto_reply=False):
+                self.speaking = False  # a commit ends the utterance; speech goes on only after the next start
         elif command.name == "clear":
             self._reset_utterance()
             self.ring.clear()
@@ -235,7 +236,7 @@ class DialogSession(NodeSession):
         await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions, media_ms=self.now_ms))
         await emit("events", NodeEvent(kind="turn_queued", turn_id=turn_id, fields={"response_id": reply.response_id}))
 
-    async def _commit(self, emit, auto_reply: bool, end_ms: float | None = None, allow_empty: bool = False) -> None:
+    async def _commit(self, emit, auto_reply: bool, end_ms: float | None = None, allow_empty: bool = False) -> bool:
         audio_ms = self.utterance_ms
         if audio_ms < MIN_COMMIT_MS and not allow_empty:
             await self._error(
@@ -243,7 +244,7 @@ class DialogSession(NodeSession):
                 "input_audio_buffer_commit_empty",
                 f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS:g}ms of audio, but buffer only has {audio_ms:.2f}ms of audio.",
             )
-            return
+            return False
         start = self.utterance_start_ms if self.utterance_start_ms is not None else self.now_ms
         end = end_ms if end_ms is not None else self.now_ms
         audio = np.concatenate([c.samples for c in self.utterance]).astype(np.float32) if self.utterance else None
@@ -271,6 +272,7 @@ class DialogSession(NodeSession):
             ),
         )
         self._reset_utterance()
+        return True
 
     def _reset_utterance(self) -> None:
         self.utterance = []

@@ -211,3 +211,20 @@ async def test_server_vad_idle_timeout_commits_an_empty_turn_that_asks_for_a_rep
     assert timeout.fields["audio_start_ms"] == 0 and timeout.fields["audio_end_ms"] >= 500
     committed = out[-1]
     assert committed.fields["auto_reply"] is True and committed.fields["item_id"] == timeout.fields["item_id"]
+
+
+async def test_a_client_commit_during_server_vad_speech_ends_that_utterance(dialog_runtime):
+    session = await dialog_runtime.open_session("vc", config={"turn_detection": TD})
+    await session.send("in", SpeechStarted(audio_start_ms=0))
+    for ms in range(0, 500, 100):
+        await session.send("in", chunk16(ms))
+    await session.send("in", Command(target="dialog", name="commit"))
+    committed = (await drain(session, "committed"))[-1]
+    assert committed.fields["auto_reply"] is False
+    for ms in range(500, 800, 100):
+        await session.send("in", chunk16(ms))
+    await session.send("in", SpeechStopped(audio_end_ms=800))
+    await session.send("in", Command(target="dialog", name="clear"))
+    rest = await drain(session, "cleared")
+    # The speech after the commit starts no second turn of its own.
+    assert not any(isinstance(m, (Turn,)) or (isinstance(m, NodeEvent) and m.kind in ("committed", "speech_stopped")) for m in rest)
