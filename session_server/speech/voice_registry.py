@@ -8,7 +8,8 @@ to a safe, fixed-length file name; the name itself is read back from the header.
 
 On start the directory is scanned and every readable voice is restored; unreadable files and
 files whose name collides with a built-in speaker are skipped with a warning, so an upload can
-never shadow a model speaker.
+never shadow a model speaker. The directory may be shared by several replicas: when its voice
+files change (another replica added, replaced or deleted one) the headers are read again.
 
 Replacing a voice writes the new file under a temporary name, fsyncs it, then `os.replace`s it
 over the old one: a failed re-upload (bad audio, full disk, crash mid-write) leaves the existing
@@ -121,6 +122,7 @@ class VoiceRegistry:
         self.min_seconds = min_seconds
         self.max_seconds = max_seconds
         self._voices: dict[str, Voice] = {}
+        self._seen: frozenset[tuple[str, int, int, int]] | None = None
         # Uploads and deletes run in worker threads; one lock keeps the map and the files in step.
         self._lock = threading.Lock()
 
@@ -129,10 +131,18 @@ class VoiceRegistry:
     def load(self) -> None:
         """Restore every readable voice from the directory (creating it if needed)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._scan(remove_leftovers=True)
+        log.info("restored %d uploaded voice(s) from %s", len(self._voices), self.directory)
+
+    def _scan(self, remove_leftovers: bool = False) -> None:
+        """Read every voice file's header. Call with the lock held."""
+        self._seen = self._signature()
         restored: dict[str, Voice] = {}
         for path in sorted(self.directory.iterdir()):
             if path.name.startswith(_TMP_PREFIX):
-                path.unlink(missing_ok=True)  # an upload that never finished
+                if remove_leftovers:
+                    path.unlink(missing_ok=True)  # an upload that never finished
                 continue
             if path.suffix != ".safetensors":
                 continue
@@ -148,22 +158,45 @@ class VoiceRegistry:
                 log.warning("ignoring uploaded voice %r: it collides with a built-in voice", voice.name)
                 continue
             restored[voice.name] = voice
-        with self._lock:
-            self._voices = restored
-        log.info("restored %d uploaded voice(s) from %s", len(restored), self.directory)
+        self._voices = restored
+
+    def _signature(self) -> frozenset[tuple[str, int, int, int]] | None:
+        """Name, inode, size and mtime of every voice file: changes whenever a file is added,
+        replaced (a new inode) or deleted, whatever the file system's timestamp granularity."""
+        try:
+            with os.scandir(self.directory) as entries:
+                files = []
+                for entry in entries:
+                    if entry.name.endswith(".safetensors") and not entry.name.startswith(_TMP_PREFIX):
+                        info = entry.stat()
+                        files.append((entry.name, entry.inode(), info.st_size, info.st_mtime_ns))
+                return frozenset(files)
+        except OSError:
+            return None
+
+    def _refresh(self) -> None:
+        """Pick up changes other replicas made to a shared directory. Call with the lock held.
+
+        One `scandir` per call (a stat per voice file) notices them; only then are headers read.
+        """
+        if self._signature() != self._seen:
+            self._scan()
 
     # ------------------------------------------------------------------ queries
 
     def list(self) -> list[Voice]:
         with self._lock:
+            self._refresh()
             return sorted(self._voices.values(), key=lambda v: v.created_at)
 
     def get(self, name: str) -> Voice | None:
         with self._lock:
+            self._refresh()
             return self._voices.get(name)
 
     def __contains__(self, name: object) -> bool:
         with self._lock:
+            self._refresh()
             return name in self._voices
 
     def audio(self, name: str) -> tuple[np.ndarray, int]:
@@ -213,6 +246,7 @@ class VoiceRegistry:
             speaker_description=speaker_description or None,
         )
         with self._lock:
+            self._refresh()
             replaced = name in self._voices
             if replaced and self.policy == "immutable":
                 raise VoiceError(
@@ -223,16 +257,19 @@ class VoiceRegistry:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._write_atomically(voice, np.ascontiguousarray(samples, dtype=np.float32))
             self._voices[name] = voice
+            self._seen = self._signature()
         if replaced:
             log.warning("uploaded voice %r replaced an existing voice of that name", name)
         return voice, replaced
 
     def delete(self, name: str) -> None:
         with self._lock:
+            self._refresh()
             if name not in self._voices:
                 raise VoiceError(404, "voice_not_found", f"Voice '{name}' not found", "name")
             self._path(name).unlink(missing_ok=True)
             del self._voices[name]
+            self._seen = self._signature()
 
     # ------------------------------------------------------------------ files
 

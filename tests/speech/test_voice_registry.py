@@ -147,3 +147,12 @@ def test_unknown_policy_is_a_configuration_error(tmp_path):
     with pytest.raises(ValueError):
         VoiceRegistry(tmp_path, policy="sometimes")
     assert os.listdir(tmp_path) == []
+
+
+def test_replicas_sharing_a_directory_see_each_others_changes(tmp_path):
+    first, second = registry(tmp_path), registry(tmp_path)
+    add(first, "shared", value=0.1)
+    assert [v.name for v in second.list()] == ["shared"]
+    assert np.allclose(second.audio("shared")[0], 0.1)
+    second.delete("shared")
+    assert first.get("shared") is None and first.list() == []
