@@ -26,6 +26,25 @@ def read_wav(path: str, rate: int) -> np.ndarray:
     return soxr.resample(mono, source, rate, quality="HQ").astype(np.float32) if source != rate else mono
 
 
+class MicrophoneUnavailable(RuntimeError):
+    pass
+
+
+def record_microphone(seconds: float, rate: int) -> np.ndarray:
+    """`seconds` from the default input device, float32 mono at `rate` (optional `sounddevice`)."""
+    try:
+        import sounddevice
+    except ImportError:
+        raise MicrophoneUnavailable("microphone input needs the `sounddevice` package (pip install sounddevice)") from None
+    try:
+        print(f"recording {seconds:g} s from the microphone ...", flush=True)
+        recording = sounddevice.rec(int(seconds * rate), samplerate=rate, channels=1, dtype="float32")
+        sounddevice.wait()
+    except Exception as exc:  # noqa: BLE001 - PortAudio errors: no device, busy device...
+        raise MicrophoneUnavailable(f"could not record from the microphone: {exc}") from None
+    return recording[:, 0]
+
+
 def write_wav(path: str, samples: np.ndarray, rate: int) -> None:
     soundfile.write(path, np.clip(samples, -1, 1), rate, subtype="PCM_16")
 

@@ -3,7 +3,8 @@
     python -m clients.python --url http://127.0.0.1:8000 --input question.wav --output reply.wav \
         [--transport websocket|webrtc] [--api-key KEY] [--instructions TEXT] [--loopback]
 
-The WAV (any rate, mixed to mono) is streamed in real time, followed by silence so that the
+`--input mic` records `--mic-seconds` from the default microphone first (needs the optional
+`sounddevice` package). The audio (any rate, mixed to mono) is streamed in real time, followed by silence so that the
 server's VAD ends the turn. Events are printed as they arrive (with seconds since the start;
 audio deltas are summarised), then the time to first audio: from the server's
 `input_audio_buffer.speech_stopped` to the first reply audio received (WebSocket: the first
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from clients.python.audio import TRACK_RATE, read_wav, write_wav
+from clients.python.audio import TRACK_RATE, MicrophoneUnavailable, read_wav, record_microphone, write_wav
 
 OUTPUT_RATE = 24000
 
@@ -32,7 +33,8 @@ OUTPUT_RATE = 24000
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sgl-omni client", description="Play a WAV file into a realtime session and save the spoken reply.")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
-    parser.add_argument("--input", required=True, help="WAV (or any soundfile format) to speak into the session")
+    parser.add_argument("--input", required=True, help="WAV (or any soundfile format) to speak into the session, or `mic`")
+    parser.add_argument("--mic-seconds", type=float, default=5.0, help="with --input mic: seconds to record before sending")
     parser.add_argument("--output", default="reply.wav", help="where to write the reply audio (24 kHz WAV)")
     parser.add_argument("--transport", choices=["websocket", "webrtc"], default="websocket")
     parser.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="Bearer key (env SGL_OMNI_API_KEY)")
@@ -67,7 +69,14 @@ class Printer:
 
 
 async def run(args: argparse.Namespace) -> int:
-    samples = read_wav(args.input, OUTPUT_RATE)
+    if args.input == "mic":
+        try:
+            samples = record_microphone(args.mic_seconds, OUTPUT_RATE)
+        except MicrophoneUnavailable as exc:
+            print(f"sgl-omni client: {exc}", file=sys.stderr)
+            return 2
+    else:
+        samples = read_wav(args.input, OUTPUT_RATE)
     speech = np.concatenate([samples, np.zeros(int(args.tail_silence * OUTPUT_RATE), np.float32)])
     session = {"instructions": args.instructions} if args.instructions else {}
     printer = Printer(args.quiet)

@@ -38,3 +38,15 @@ def test_sgl_omni_has_a_client_command(capsys):
         main(["client", "--url", "http://127.0.0.1:1", "--help"])
     assert exited.value.code == 0
     assert "--transport {websocket,webrtc}" in capsys.readouterr().out
+
+
+async def test_microphone_input_says_what_it_needs_when_unavailable(tmp_path, capsys):
+    try:
+        import sounddevice  # noqa: F401
+    except (ImportError, OSError):
+        pass
+    else:
+        pytest.skip("sounddevice is installed here; this test covers its absence")
+    args = cli.parse_args(["--input", "mic", "--output", str(tmp_path / "r.wav")])
+    assert await cli.run(args) == 2
+    assert "sounddevice" in capsys.readouterr().err
