@@ -34,7 +34,7 @@ from graph.messages import Usage
 from session_server.errors import openai_error_response
 from session_server.speech import encode
 from session_server.speech.params import SpeechError, SpeechParams, parse_speech
-from session_server.speech.service import SpeechFailed, SpeechJob, SpeechService, usage_body
+from session_server.speech.service import SPEECH_INPUT, SpeechFailed, SpeechJob, SpeechService, usage_body
 
 log = logging.getLogger("session_server.speech")
 
@@ -51,6 +51,8 @@ def ensure_available(service: SpeechService) -> None:
         raise SpeechError(503, "The server is shutting down.", None, "server_shutting_down", "server_error")
     if not runtime.ready:
         raise SpeechError(503, "The server is still loading the model.", None, "server_not_ready", "server_error")
+    if SPEECH_INPUT not in runtime.spec.inputs:
+        raise SpeechError(501, "This server's graph has no `speech` input: it does not serve speech.", None, "speech_unsupported", "server_error")
 
 
 async def read_json(request: Request) -> Any:

@@ -332,7 +332,8 @@ def _with_rate(params: SpeechParams, rate: int) -> SpeechParams:
 def install_stream_route(app: FastAPI, service: SpeechService) -> None:
     @app.websocket("/v1/audio/speech/stream")
     async def speech_stream(websocket: WebSocket) -> None:
-        if not service.runtime.ready or service.runtime.shutting_down:
+        runtime = service.runtime
+        if not runtime.ready or runtime.shutting_down or "speech" not in runtime.spec.inputs:
             await websocket.close(1013, "server_not_ready")  # 1013: try again later
             return
         started = time.monotonic()

@@ -194,3 +194,15 @@ async def test_time_to_first_audio_is_exported_for_speech(server):
     async with httpx.AsyncClient(base_url=server.base_url) as client:
         metrics = (await client.get("/metrics")).text
     assert 'sgl_omni_time_to_first_audio_seconds_count{transport="speech"} 1.0' in metrics
+
+
+async def test_a_graph_without_a_speech_input_answers_501(tmp_path):
+    import httpx
+
+    from tests.conftest import running_server
+    from tests.graph.fakes import relay_sink_profile
+
+    async with running_server(relay_sink_profile(), enable_realtime=False) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as client:
+            response = await client.post("/v1/audio/speech", json={"input": "hello"})
+    assert response.status_code == 501 and response.json()["error"]["code"] == "speech_unsupported"
