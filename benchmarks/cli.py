@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "components" in scenarios:
         from benchmarks import components
 
-        doc["components"] = components.run(args.config, quick=quick, seed=args.seed, deadline=deadline, max_output_tokens=args.max_output_tokens)
+        from benchmarks.server import ResourceMonitor
+
+        with ResourceMonitor(os.getpid(), include_children=False) as harness:
+            doc["components"] = components.run(args.config, quick=quick, seed=args.seed, deadline=deadline, max_output_tokens=args.max_output_tokens)
+        # Direct figures are only limits if nothing else ran meanwhile: say how busy the machine was.
+        doc["components_load"] = {"harness_cpu_percent": harness.cpu_percent(), "machine_cpu_percent": harness.summary(1)["machine_cpu_percent"]}
         doc["ratios"] = components.ratios(doc)
     doc["wall_s"] = round(time.monotonic() - started, 1)
     return doc

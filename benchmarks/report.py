@@ -204,7 +204,8 @@ def render(doc: dict[str, Any]) -> str:
     components = doc.get("components")
     if components is not None:
         out.append("")
-        out.append("components (direct calls, no server): the limit beside each figure")
+        load = doc.get("components_load") or {}
+        out.append(f"components (direct calls, no server, best of repeated runs): the limit beside each figure; machine CPU {_fmt(load.get('machine_cpu_percent'))}% meanwhile")
         rows = []
         for name, figures in components.items():
             if "skipped" in figures:
