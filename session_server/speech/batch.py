@@ -7,13 +7,15 @@ its media type and `usage`. Results are in input order.
 
 Items run concurrently (at most `speech.batch_concurrency` at once per batch), each as its own
 speech request on the graph, so the shared executors batch them together with everything else
-(and below the live sessions, see `service.py`). Streaming fields are refused per item.
+(and below the live sessions, see `service.py`). Streaming fields are refused per item. A client
+that disconnects cancels every item still running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import uuid
 from typing import Any
 
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from graph.errors import SessionRejected
 from session_server.speech import encode
 from session_server.speech.params import SpeechError, check_model, parse_speech
-from session_server.speech.routes import ensure_available, error_response, read_json, synthesize_clip
+from session_server.speech.routes import ensure_available, error_response, read_json, synthesize_clip, wait_for_disconnect
 from session_server.speech.service import SpeechFailed, SpeechService, usage_body
 
 MAX_BATCH_ITEMS = 32
@@ -91,7 +93,18 @@ def install_batch_route(app: FastAPI, service: SpeechService) -> None:
             async with limit:
                 return await run_item(service, index, fields)
 
-        results = await asyncio.gather(*(bounded(i, item) for i, item in enumerate(items)))
+        work = asyncio.ensure_future(asyncio.gather(*(bounded(i, item) for i, item in enumerate(items))))
+        disconnect = asyncio.create_task(wait_for_disconnect(request))
+        try:
+            await asyncio.wait({work, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+        if not work.done():  # the client left: cancel every item (their graph sessions close)
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            return Response(status_code=499)
+        results = work.result()
         succeeded = sum(1 for r in results if r["status"] == "success")
         return JSONResponse(
             {

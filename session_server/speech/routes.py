@@ -184,7 +184,7 @@ async def audio_bytes(job: SpeechJob, params: SpeechParams, target_rate: int) ->
         raise
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
@@ -216,7 +216,7 @@ def install_speech_route(app: FastAPI, service: SpeechService) -> None:
 
         # Whole file: generate while watching for the client going away.
         synthesis = asyncio.create_task(synthesize_clip(service, params))
-        disconnect = asyncio.create_task(_wait_for_disconnect(request))
+        disconnect = asyncio.create_task(wait_for_disconnect(request))
         try:
             await asyncio.wait({synthesis, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         finally:

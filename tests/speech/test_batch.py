@@ -106,3 +106,24 @@ async def test_unknown_model_is_404_for_the_whole_batch(server):
     response = await post_batch(server, {"model": "other", "items": [{"input": "x"}]})
     assert response.status_code == 404
     assert response.json()["error"]["message"] == "The model `other` does not exist."
+
+
+async def test_a_client_leaving_cancels_the_whole_batch(tmp_path):
+    import asyncio
+
+    from tests.conftest import running_server
+    from tests.speech.conftest import speech_service
+    from tests.speech.fake_speaker import speaker_profile
+    from tests.speech.helpers import eventually
+
+    async with running_server(speaker_profile(tmp_path, step_delay_s=0.02), enable_realtime=False) as server:
+        node = speaker_node(server)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+            request = asyncio.create_task(
+                client.post("/v1/audio/speech/batch", json={"items": [{"input": "word " * 50}] * 4})
+            )
+            await eventually(lambda: len(node.steps) == 4, what="the batch items running")
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+        await eventually(lambda: server.runtime.count("speech") == 0 and len(node.closed) == 4, what="items cancelled")
+        assert max(node.steps.values()) < 100 and speech_service(server).active_jobs == set()
