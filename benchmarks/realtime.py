@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.fixtures import SAMPLE_RATE, Utterance, pcm16
-from benchmarks.stats import simulate_playback, summarize
+from benchmarks.stats import busy_seconds, simulate_playback, summarize
 
 CHUNK_MS = 20
 CHUNK_SAMPLES = SAMPLE_RATE * CHUNK_MS // 1000
@@ -45,6 +45,8 @@ class Reply:
     status: str | None = None
     chunks: list[tuple[float, float]] = field(default_factory=list)  # (arrival, seconds)
     output_tokens: int | None = None
+    text_tokens: int = 0  # usage.output_token_details: thinker tokens
+    audio_tokens: int = 0  # ... and talker codec frames
 
 
 @dataclass
@@ -251,7 +253,11 @@ class _Session:
             if reply is not None:
                 reply.done_at = now
                 reply.status = response.get("status")
-                reply.output_tokens = (response.get("usage") or {}).get("output_tokens")
+                usage = response.get("usage") or {}
+                details = usage.get("output_token_details") or {}
+                reply.output_tokens = usage.get("output_tokens")
+                reply.text_tokens = int(details.get("text_tokens") or 0)
+                reply.audio_tokens = int(details.get("audio_tokens") or 0)
                 # `incomplete` is a reply cut at max_output_tokens, as asked: not an error.
                 if reply.status in ("failed", "cancelled"):
                     self.result.errors.append(f"response_{reply.status}")
@@ -321,6 +327,8 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
         return [m[key] for m in turn_metrics if m[key] is not None]
 
     underruns = values("underruns")
+    replies = [t.reply for r in results for t in r.turns if t.complete]
+    generating = busy_seconds([(reply.created_at, reply.done_at) for reply in replies if reply is not None and reply.done_at is not None])
     statuses: dict[str, int] = {}
     for m in turn_metrics:
         statuses[str(m["status"])] = statuses.get(str(m["status"]), 0) + 1
@@ -341,6 +349,10 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
             "total_with_100ms_buffer": int(sum(values("underruns_buffered"))),
         },
         "reply_status": statuses,
+        # Aggregate generation rate: tokens of all replies / the time at least one reply was
+        # being generated (union of response.created -> response.done intervals).
+        "generation_text_tok_per_s": round(sum(r.text_tokens for r in replies if r) / generating, 1) if generating else None,
+        "generation_audio_frames_per_s": round(sum(r.audio_tokens for r in replies if r) / generating, 1) if generating else None,
         "vad_splits": int(sum(values("vad_splits"))),
         "events": sum(r.events for r in results),
         "events_per_s": round(sum(r.events for r in results) / wall_s, 1) if wall_s > 0 else None,

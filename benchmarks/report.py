@@ -135,6 +135,7 @@ def render(doc: dict[str, Any]) -> str:
                         _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
                         _pcts(level["turn_latency_ms"], ("p50", "p95")),
                         _fmt((level.get("output_rtf") or {}).get("p50"), 2),
+                        _fmt(level.get("generation_text_tok_per_s")),
                         f"{underruns['total']} ({underruns['turns_with_underrun']})",
                         _fmt(underruns.get("total_with_100ms_buffer")),
                         _fmt(level["events_per_s"]),
@@ -146,9 +147,9 @@ def render(doc: dict[str, Any]) -> str:
                         str(level["errors"]["count"]),
                     ]
                 )
-            header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
+            header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "gen tok/s", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
             out.append(_table(header, rows))
-            out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; CPU% of one core; machine CPU% of all cores")
+            out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
             errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
             if errors:
                 out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))

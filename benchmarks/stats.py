@@ -85,3 +85,20 @@ def simulate_playback(chunks: Sequence[tuple[float, float]], done_at: float | No
         play_until += duration
         audio += duration
     return Playback(underruns, round(stall, 6), round(audio, 6))
+
+
+def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals: the time at least one of them was open."""
+    total = 0.0
+    current_start: float | None = None
+    current_end = 0.0
+    for start, end in sorted(intervals):
+        if current_start is None or start > current_end:
+            if current_start is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_start is not None:
+        total += current_end - current_start
+    return total

@@ -54,7 +54,7 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
         assert level["reply_audio_s"]["p50"] == 0.8
         assert level["underruns"]["total"] == 0 and level["underruns"]["total_with_100ms_buffer"] == 0
         assert level["client_cpu_percent"] is not None and level["server"]["machine_cpu_percent"] is not None
-        assert level["events_per_s"] > 0
+        assert level["events_per_s"] > 0 and level["generation_text_tok_per_s"] > 0  # 4 words a reply
         assert level["server"]["rss_mb"] > 0
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
 

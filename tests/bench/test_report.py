@@ -14,7 +14,7 @@ from benchmarks.realtime import RealtimeSettings, Reply, SessionResult, TurnReco
 
 def _turn(session: int, stopped: float, first_audio: float, done: float, chunks: list[tuple[float, float]], user_end: float) -> TurnRecord:
     turn = TurnRecord(session, 0, user_audio_start=0.0, user_audio_end=user_end, speech_started=1, speech_stopped_at=stopped)
-    reply = Reply("resp_1", created_at=stopped + 0.01, first_audio_at=first_audio, done_at=done, status="completed", chunks=chunks)
+    reply = Reply("resp_1", created_at=stopped + 0.01, first_audio_at=first_audio, done_at=done, status="completed", chunks=chunks, text_tokens=5 + 2 * session)
     turn.replies.append(reply)
     return turn
 
@@ -56,6 +56,8 @@ def test_a_level_summarizes_its_turns_from_speech_stopped_and_end_of_user_audio(
     assert level["underruns"]["total"] == 1
     assert level["underruns"]["turns_with_underrun"] == 1
     assert level["events_per_s"] == 10.0
+    # 5 + 7 text tokens over the union of [3.01, 4.0] and [3.01, 5.0]
+    assert level["generation_text_tok_per_s"] == pytest.approx(12 / 1.99, abs=0.05)
     assert level["errors"] == {"count": 1, "by_kind": {"error: some_code": 1}}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.stats import percentile, simulate_playback, summarize
+from benchmarks.stats import busy_seconds, percentile, simulate_playback, summarize
 
 
 @pytest.mark.parametrize("q", [0, 1, 25, 50, 90, 95, 99, 100])
@@ -80,3 +80,9 @@ def test_chunks_are_played_in_arrival_order():
 def test_no_audio_is_no_playback():
     assert simulate_playback([]) == simulate_playback([], done_at=1.0)
     assert simulate_playback([]).underruns == 0
+
+
+def test_busy_seconds_is_the_union_of_overlapping_intervals():
+    assert busy_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.2, 3.5)]) == pytest.approx(3.0)
+    assert busy_seconds([(5.0, 6.0), (0.0, 1.0)]) == pytest.approx(2.0)
+    assert busy_seconds([]) == 0.0
