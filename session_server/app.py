@@ -70,16 +70,12 @@ _STARTED = time.time()
 
 
 def _install_features(app: FastAPI, state: ServerState) -> None:
-    import importlib.util
+    from session_server import realtime, speech, webrtc
 
-    packages = ["session_server.speech", "session_server.webrtc"]
+    speech.install(app, state)
+    webrtc.install(app, state)  # the browser page always; calls only with --enable-realtime
     if state.settings.enable_realtime:
-        packages.append("session_server.realtime")
-    for package in packages:
-        if importlib.util.find_spec(package) is not None:
-            install = getattr(importlib.import_module(package), "install", None)
-            if install is not None:
-                install(app, state)
+        realtime.install(app, state)
 
 
 async def _load(state: ServerState, on_failure: Callable[[], None] | None) -> None:
