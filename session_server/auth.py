@@ -64,7 +64,7 @@ class ApiKeyMiddleware:
         if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.state.key_is_valid(request_key(scope)):
+        if self.state.key_is_valid(request_key(scope), scope["path"]):
             await self.app(scope, receive, send)
             return
         body = json.dumps(_UNAUTHORIZED).encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,9 @@ class ServerState:
         self.settings = settings
         self.metrics = metrics
         self.startup_error: str | None = None
-        # Extra credentials a feature may mint (ephemeral client secrets): key -> check(key) -> bool.
-        self.key_validators: list[Any] = []
+        # Extra credentials a feature may mint (ephemeral client secrets), each good only on
+        # the paths it was registered for: (paths, check(key) -> bool).
+        self._key_validators: list[tuple[frozenset[str], Callable[[str], bool]]] = []
 
     @property
     def ready(self) -> bool:
@@ -36,12 +38,15 @@ class ServerState:
     def shutting_down(self) -> bool:
         return self.runtime.shutting_down
 
-    def key_is_valid(self, key: str | None) -> bool:
-        """True when no key is configured, or `key` is the server key or a valid minted one."""
+    def add_key_validator(self, check: Callable[[str], bool], paths: frozenset[str]) -> None:
+        self._key_validators.append((paths, check))
+
+    def key_is_valid(self, key: str | None, path: str) -> bool:
+        """True when no key is configured, or `key` is the server key, or a minted key good on `path`."""
         if self.settings.api_key is None:
             return True
         if key is None:
             return False
         if hmac.compare_digest(key.encode(), self.settings.api_key.encode()):
             return True
-        return any(validator(key) for validator in self.key_validators)
+        return any(check(key) for paths, check in self._key_validators if path in paths)

@@ -27,7 +27,8 @@ from session_server.webrtc.routes import add_routes
 def install(app: FastAPI, state: ServerState) -> None:
     config = WebRTCConfig.from_profile(state.settings.profile)
     client_secrets = ClientSecrets()
-    state.key_validators.append(client_secrets.redeem)
+    # An ephemeral key opens one realtime session, over WebRTC or the WebSocket, and nothing else.
+    state.add_key_validator(client_secrets.redeem, frozenset({"/v1/realtime/calls", "/v1/realtime"}))
     add_page_routes(app)
     if not state.settings.enable_realtime:
         return

@@ -73,8 +73,20 @@ async def test_the_bounds_themselves_are_accepted_and_an_ephemeral_key_cannot_mi
         for seconds in (10, 7200):
             assert (await mint(server, {"expires_after": {"anchor": "created_at", "seconds": seconds}})).status_code == 200
         key = (await mint(server, {})).json()["value"]
-        assert (await mint(server, {}, key=key)).status_code == 403
+        assert (await mint(server, {}, key=key)).status_code == 401
         assert (await mint(server, {}, key="wrong")).status_code == 401
+
+
+async def test_an_ephemeral_key_is_good_only_for_opening_a_realtime_session():
+    async with running_server(webrtc_profile(), api_key=API_KEY) as server:
+        key = (await mint(server, {})).json()["value"]
+        async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}) as http:
+            assert (await http.get("/v1/models")).status_code == 401
+            assert (await http.post("/v1/audio/speech", json={"model": MODEL, "input": "hi"})).status_code == 401
+        # Refused elsewhere, the key was not spent: it still opens one session.
+        url = f"{server.ws_url}/v1/realtime?model={MODEL}"
+        async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+            assert '"session.created"' in await ws.recv()
 
 
 def test_keys_expire_at_their_deadline_and_are_accepted_only_once():
