@@ -177,13 +177,14 @@ class TalkerSession(NodeSession):
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)
-        self.history.add_reply(list(chunk.token_ids))
         if _matches(self._interrupts, *key):
+            self.history.add_reply(list(chunk.token_ids))
             return  # the reply was interrupted before the talker saw it: nothing to say
         if self._reply is None or self._reply_key != key:
             if self._speaking is not None and not self._speaking.done():
                 raise RuntimeError("a new reply's tokens arrived before the previous reply's TurnDone")
-            self._start_reply(chunk, key, emit)
+            self._start_reply(chunk, key, emit)  # reads the assistant header: before the reply's tokens
+        self.history.add_reply(list(chunk.token_ids))
         assert self._reply is not None
         if not self._reply.text_final:
             reason = chunk.tensors.get("finish_reason")

@@ -9,6 +9,7 @@ talker, then decodes everything at once. Same text tokens, same codec frames, sa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 
@@ -91,24 +92,25 @@ class Conversation:
         stream = Code2WavStream(self.decoder, first_chunk_frames=1, chunk_frames=4)
         tokens, frames, audio = [], [], []
         frames_before_last_token = None
-        while not reply.finished:
-            if reply.ready():
-                frame = reply.step()
-                if frame is not None:
-                    frames.append(frame)
-                    audio.append(stream.push(frame[None]))
-                continue
-            step = self.thinker.decode_step()
-            if step.token_id is not None:
-                tokens.append(step.token_id)
-            if frames_before_last_token is None and step.finish_reason is not None:
-                frames_before_last_token = len(frames)
-            reply.add_text([step.token_id] if step.token_id is not None else [],
-                           final=step.finish_reason is not None, eos=step.finish_reason == "stop")
+        with talker_inputs(self.omni.model) as inputs:
+            while not reply.finished:
+                if reply.ready():
+                    frame = reply.step()
+                    if frame is not None:
+                        frames.append(frame)
+                        audio.append(stream.push(frame[None]))
+                    continue
+                step = self.thinker.decode_step()
+                if step.token_id is not None:
+                    tokens.append(step.token_id)
+                if frames_before_last_token is None and step.finish_reason is not None:
+                    frames_before_last_token = len(frames)
+                reply.add_text([step.token_id] if step.token_id is not None else [],
+                               final=step.finish_reason is not None, eos=step.finish_reason == "stop")
         audio.append(stream.push(torch.empty(0, self.talker_model.num_code_groups, dtype=torch.long), final=True))
         self.history.add_reply(tokens)
         self.prompt_ids += tokens
-        return tokens, torch.stack(frames), torch.cat(audio), frames_before_last_token
+        return tokens, torch.stack(frames), torch.cat(audio), frames_before_last_token, inputs
 
     def generate(self, eos_token_ids):
         """model.generate() on the whole conversation so far (+ the pending closing of the last reply)."""
@@ -128,27 +130,54 @@ class Conversation:
         captured = []
         decode = model.code2wav.chunked_decode
         model.code2wav.chunked_decode = lambda codes, **kw: captured.append(codes) or decode(codes, **kw)
-        try:
-            sequences, waveform = model.generate(
-                input_ids=torch.tensor([self.generate_prompt]),
-                **audio_inputs,
-                speaker=self.speaker or "Ethan",
-                thinker_max_new_tokens=REPLY_TOKENS,
-                thinker_eos_token_id=sorted(eos_token_ids),
-                thinker_do_sample=False,
-                talker_max_new_tokens=REPLY_FRAMES + 1,  # the last talker token never gets its residual codes
-                talker_do_sample=False,
-            )
-        finally:
-            del model.code2wav.chunked_decode
+        with talker_inputs(model) as inputs:
+            try:
+                sequences, waveform = model.generate(
+                    input_ids=torch.tensor([self.generate_prompt]),
+                    **audio_inputs,
+                    speaker=self.speaker or "Ethan",
+                    thinker_max_new_tokens=REPLY_TOKENS,
+                    thinker_eos_token_id=sorted(eos_token_ids),
+                    thinker_do_sample=False,
+                    talker_max_new_tokens=REPLY_FRAMES + 1,  # the last talker token never gets its residual codes
+                    talker_do_sample=False,
+                )
+            finally:
+                del model.code2wav.chunked_decode
         reply = sequences[0, len(self.generate_prompt) :].tolist()
-        return reply, captured[0][0].T, waveform[0, 0]
+        return reply, captured[0][0].T, waveform[0, 0], inputs
+
+
+@contextlib.contextmanager
+def talker_inputs(model):
+    """Records what every talker forward is fed: (inputs_embeds [L, D], position_ids [4, L])."""
+    calls = []
+
+    def record(module, args, kwargs):
+        calls.append((kwargs["inputs_embeds"][0].clone(), kwargs["position_ids"][:, 0].to(torch.float64)))
+
+    handle = model.talker.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 def assert_same_reply(streamed, reference, eos_token_ids, decoder):
-    tokens, frames, audio, _ = streamed
-    ref_tokens, ref_frames, ref_audio = reference
+    tokens, frames, audio, _, inputs = streamed
+    ref_tokens, ref_frames, ref_audio, ref_inputs = reference
     assert tokens == [t for t in ref_tokens if t not in eos_token_ids]
+    # The talker reads the same inputs, position by position: the text alignment (reply token s at
+    # step s, tts_eos, tts_pad) shows here, even where the tiny talker's codes would not change.
+    # generate() runs one more forward (its last code gets no residuals); a later turn's stream
+    # starts after the user turns whose talker KV it kept.
+    embeds, positions = (torch.cat(parts, dim=-2 if i == 0 else -1) for i, parts in enumerate(zip(*inputs)))
+    ref_embeds, ref_positions = (torch.cat(parts, dim=-2 if i == 0 else -1) for i, parts in enumerate(zip(*ref_inputs)))
+    # (~1e-9 at a later turn's audio positions: generate() prefills the whole prompt and encodes all
+    # clips in one padded batch, the thinker engine only the new turn; a misplaced token is ~1e-2.)
+    start = ref_embeds.shape[0] - 1 - embeds.shape[0]
+    assert (embeds - ref_embeds[start:-1]).abs().max() < 1e-7
+    assert torch.equal(positions, ref_positions[:, start:-1])
     assert torch.equal(frames, ref_frames)
     assert audio.shape == ref_audio.shape
     # generate() hands its waveform back as float32; its float64 decode is what the stream must equal.
@@ -191,7 +220,7 @@ def test_a_turn_with_an_image_and_speech_is_spoken_though_generate_cannot(omni):
     """transformers' talker.get_rope_index reads an audio window its config lacks, so generate()
     fails on such a turn; the stream computes the same positions with the thinker's audio window."""
     chat = Conversation(omni)
-    tokens, frames, audio, _ = chat.user_turn("and this?", speech(0.7, seed=5), images=[picture(seed=6)])
+    tokens, frames, audio, _, _ = chat.user_turn("and this?", speech(0.7, seed=5), images=[picture(seed=6)])
     chat.generate_prompt = chat.prompt_ids[: len(chat.prompt_ids) - len(tokens)]
     with pytest.raises(AttributeError, match="audio_config"):
         chat.generate(omni.tokens.eos)

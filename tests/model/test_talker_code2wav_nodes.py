@@ -11,6 +11,7 @@ import torch
 from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder
+from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply
 
 
 def profile(checkpoint, **talker_params):
@@ -61,8 +62,17 @@ async def collect(session, until=TurnDone, count=None, timeout=20.0):
     return out
 
 
+def record_talker_inputs(runtime):
+    """Every talker forward's inputs_embeds, in order (the codes alone barely depend on the text)."""
+    calls = []
+    model = runtime.resources["omni"].model.talker.model
+    handle = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["inputs_embeds"][0].clone()), with_kwargs=True)
+    return calls, handle
+
+
 async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_then_turn_done(runtime):
     session = await runtime.open_session("s", config={"voice": "chelsie"})
+    node_inputs, handle = record_talker_inputs(runtime)
     await session.send("hidden", prompt_chunk(runtime))
     for i, token in enumerate([104, 105, 33]):
         await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(token,), final=i == 2))
@@ -71,6 +81,7 @@ async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_the
     )
 
     out = await collect(session)
+    handle.remove()
 
     frames = [m.codes for m in out if isinstance(m, CodecFrames) and len(m.codes)]
     audio = [m.samples for m in out if isinstance(m, AudioOut)]
@@ -84,6 +95,19 @@ async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_the
     # see test_code2wav_stream.py), so this checks the joins, not the rounding.
     assert np.allclose(np.concatenate(audio), one_shot, rtol=0, atol=1e-4)
     assert all(m.response_id == "r1" for m in out)
+    # The node drives the engine exactly as by hand for the same prompt and tokens.
+    talker = runtime.nodes["talker"]
+    history = TalkerHistory(talker.model)
+    prompt = torch.tensor(prompt_chunk(runtime).token_ids)
+    history.add_prompt(prompt)
+    reply = TalkerReply(talker.model, history, prompt[-3:], speaker="chelsie", sampling=talker.sampling, limits=talker.limits)
+    reply.add_text([104, 105, 33], final=True, eos=True)  # TurnDone "completed": the text ended on EOS
+    engine_inputs, handle = record_talker_inputs(runtime)
+    assert np.array_equal(np.concatenate(frames), torch.stack([reply.step() for _ in range(6)]).numpy())
+    assert reply.step() is None
+    handle.remove()
+    assert len(node_inputs) == len(engine_inputs) == 6
+    assert all(torch.equal(a, b) for a, b in zip(node_inputs, engine_inputs))
     await session.close()
 
 
