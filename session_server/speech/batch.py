@@ -97,6 +97,9 @@ def install_batch_route(app: FastAPI, service: SpeechService) -> None:
         disconnect = asyncio.create_task(wait_for_disconnect(request))
         try:
             await asyncio.wait({work, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()  # the handler itself was cancelled (server shutdown): stop the work too
+            raise
         finally:
             disconnect.cancel()
         if not work.done():  # the client left: cancel every item (their graph sessions close)

@@ -219,6 +219,9 @@ def install_speech_route(app: FastAPI, service: SpeechService) -> None:
         disconnect = asyncio.create_task(wait_for_disconnect(request))
         try:
             await asyncio.wait({synthesis, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            synthesis.cancel()  # the handler itself was cancelled (server shutdown): stop the work too
+            raise
         finally:
             disconnect.cancel()
         if not synthesis.done():
