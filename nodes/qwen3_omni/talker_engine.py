@@ -321,6 +321,11 @@ class TalkerReply:
     def cancel(self) -> None:
         self._cancelled = True
 
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        """The talker's output [1, 1, D] at the reply's last position (what the code predictor reads)."""
+        return self._last_hidden
+
     # ------------------------------------------------------------------ frames out
 
     def ready(self) -> bool:

@@ -186,20 +186,29 @@ def test_a_batched_step_of_several_replies_gives_each_the_frames_it_gets_alone(t
         ("three", [120], None),
         ("four joins late", [121, 122, 123, 124], None),
     ]
-    alone = []
+    alone, alone_hidden = [], []
     for spec in specs:
         reply = reply_for(*spec)
-        alone.append(torch.stack([reply.step() for _ in range(6)]))
+        frames, hidden = [], []
+        for _ in range(6):
+            frames.append(reply.step())
+            hidden.append(reply.last_hidden)
+        alone.append(torch.stack(frames))
+        alone_hidden.append(torch.cat(hidden))
 
     replies = [reply_for(*spec) for spec in specs]
     batched = [[] for _ in specs]
+    batched_hidden = [[] for _ in specs]
     for step in range(9):
         active = [i for i in range(len(specs)) if (i < 3 and step < 6) or (i == 3 and 3 <= step < 9)]
         for i, frame in zip(active, step_replies([replies[i] for i in active])):
             batched[i].append(frame)
+            batched_hidden[i].append(replies[i].last_hidden)
 
     for index in range(len(specs)):
         assert torch.equal(torch.stack(batched[index]), alone[index])
+        # The talker's outputs agree to float32 rounding (the codes alone barely depend on them).
+        assert torch.allclose(torch.cat(batched_hidden[index]), alone_hidden[index], rtol=0, atol=1e-5)
 
 
 def test_a_failing_reply_in_a_batch_fails_alone(talker, prompt_ids):
@@ -229,14 +238,18 @@ def test_a_later_reply_prefills_only_the_user_turns_that_are_new_since_the_last_
             history.add_prompt(ids)
             reply = TalkerReply(talker, history, ids[-3:], sampling=GREEDY)
             reply.add_text([104, 105, 106], final=True)
-            frames = torch.stack([reply.step() for _ in range(4)])
+            frames, hidden = [], []
+            for _ in range(4):
+                frames.append(reply.step())
+                hidden.append(reply.last_hidden)
             history.add_reply([104, 105, 106])
-            replies.append((reply, frames, history.user_length))
+            replies.append((reply, torch.stack(frames), history.user_length, torch.cat(hidden)))
         return replies
 
     kept, fresh = run(keep_kv=True), run(keep_kv=False)
 
-    (_, _, first_users), (second, second_frames, users) = kept
+    (_, _, first_users, _), (second, second_frames, users, second_hidden) = kept
     assert second.prefill_tokens == users - first_users + 9  # the new user turn + the assistant block
     assert fresh[1][0].prefill_tokens == users + 9
     assert torch.equal(second_frames, fresh[1][1]) and torch.equal(kept[0][1], fresh[0][1])
+    assert torch.allclose(second_hidden, fresh[1][3], rtol=0, atol=1e-5)
