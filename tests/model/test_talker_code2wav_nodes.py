@@ -230,3 +230,15 @@ async def test_reply_params_override_the_talkers_sampling_and_frame_budget(runti
 
     assert len([m for m in out if isinstance(m, CodecFrames) and len(m.codes)]) == 3  # not 2 x 4 tokens
     await session.close()
+
+
+async def test_a_text_only_reply_passes_its_turn_done_through_without_audio(runtime):
+    session = await runtime.open_session("s")
+    await session.send("hidden", prompt_chunk(runtime))
+    await session.send("hidden", TurnDone(turn_id=1, response_id="r1", usage=Usage(output_tokens=4)))
+
+    out = await collect(session)
+
+    assert [type(m) for m in out] == [TurnDone, TurnDone]
+    assert out[-1].usage.output_tokens == 4 and out[-1].usage.output_audio_tokens == 0
+    await session.close()
