@@ -246,3 +246,23 @@ async def test_bad_messages_are_reported_without_closing(server):
         await send(ws, type="input.text", text="still here")
         await send(ws, type="input.done")
         assert events(await receive_until(ws, "session.done"), "audio.done")[0]["error"] is False
+
+
+async def test_stream_audio_wav_starts_each_unit_with_a_streaming_header(server):
+    async with connect(url(server)) as ws:
+        await send(ws, type="session.config", response_format="wav", stream_audio=True, split_granularity="sentence")
+        await send(ws, type="input.text", text="One two. Three four.")
+        await send(ws, type="input.done")
+        received = await receive_until(ws, "session.done")
+    units, current = [], None
+    for message in received:
+        if isinstance(message, dict) and message["type"] == "audio.start":
+            current = []
+            units.append(current)
+        elif isinstance(message, bytes):
+            current.append(message)
+    assert len(units) == 2
+    for frames in units:
+        assert frames[0][:4] == b"RIFF" and frames[0][4:8] == b"\xff\xff\xff\xff"
+        samples, rate = wav_samples(b"".join(frames))
+        assert rate == RATE and len(samples) == 4 * 2400
