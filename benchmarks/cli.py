@@ -88,13 +88,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from benchmarks.server import ServerStartError
 
+    # One stem for the run's files: <stem>.json, <stem>.png, <stem>-server.log, <stem>-profile.yaml.
+    args.name = args.name or "bench-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     try:
         doc = run(args)
     except ServerStartError as exc:
         print(f"sgl-omni bench: {exc}", file=sys.stderr)
         return 1
     out = Path(args.out)
-    stem = args.name or "bench-" + doc["created"].replace(":", "").replace("-", "")[:15]
+    stem = args.name
     json_path = out / f"{stem}.json"
     report.write_json(doc, json_path)
     print(report.render(doc))
@@ -177,10 +179,10 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
         handle = ServerHandle(base_url, args.server_pid, remote_model_id(base_url, args.api_key))
         context: Any = _Given(handle)
     else:
-        log_path = out / ((args.name or "bench") + "-server.log")
+        log_path = out / f"{args.name}-server.log"
         context = ManagedServer(args.config, max(sessions) if "realtime" in scenarios else 1, log_path, args.api_key)
     with context as server:
-        doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "log": server.log_path}
+        doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
         if "realtime" in scenarios:
             levels = []
             for count in sessions:
@@ -204,7 +206,7 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
                 doc["speech"] = {"skipped": "deadline reached"}
             else:
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
-                    doc["speech"] = asyncio.run(speech.run(server.base_url, server.model_id, args.api_key, speech_settings))
+                    doc["speech"] = asyncio.run(speech.run(server.base_url, server.model_id, args.api_key, speech_settings, deadline))
                 doc["speech"]["server"] = monitor.summary(1)
                 doc["speech"]["client_cpu_percent"] = client.cpu_percent()
                 print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)

@@ -196,6 +196,8 @@ def render(doc: dict[str, Any]) -> str:
                 for level in speech["levels"]
             ]
             out.append(_table(["C", "mode", "ok", "latency p50/95 ms", "1st chunk p50/95", "req/s", "audio s/s", "errors"], rows))
+            if speech.get("skipped_levels"):
+                out.append(f"skipped ({speech['skipped_levels']['reason']}): {', '.join(speech['skipped_levels']['levels'])}")
             batch = speech.get("batch") or {}
             if batch:
                 if "error" in batch:

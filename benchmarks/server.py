@@ -5,18 +5,16 @@
 `limits.max_sessions` is raised to the largest session count the run needs, so admission does
 not refuse the load it was asked to measure, and whose WebRTC candidates are loopback only. It waits for `/health` to answer 200, and on exit
 sends SIGTERM (the server drains), then kills it if it has not exited in time. The server's
-log goes to a file next to the JSON report, not to the table on stdout.
+log and the profile it served go to files next to the JSON report, not to the table on stdout.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +53,7 @@ class ServerHandle:
     log_path: str | None = None
     started_by_harness: bool = False
     startup_s: float | None = None
+    profile_path: str | None = None  # the profile it serves (when the harness wrote it)
 
     @property
     def ws_url(self) -> str:
@@ -75,20 +74,20 @@ class ManagedServer:
         self.api_key = api_key
         self.startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
-        self._profile_file: str | None = None
+        self.profile_path: Path | None = None
 
     def __enter__(self) -> ServerHandle:
         import yaml
 
         profile = bench_profile(self.config, self.max_sessions)
-        fd, self._profile_file = tempfile.mkstemp(prefix="sgl-omni-bench-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(profile, f)
+        # Kept beside the log: the exact profile that was measured.
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.profile_path = self.log_path.with_name(self.log_path.stem.removesuffix("-server") + "-profile.yaml")
+        self.profile_path.write_text(yaml.safe_dump(profile, sort_keys=False))
         port = free_port()
-        command = [sys.executable, "-m", "session_server.cli", "serve", "--enable-realtime", "--host", "127.0.0.1", "--port", str(port), "--config", self._profile_file, "--log-level", "warning"]
+        command = [sys.executable, "-m", "session_server.cli", "serve", "--enable-realtime", "--host", "127.0.0.1", "--port", str(port), "--config", str(self.profile_path), "--log-level", "warning"]
         if self.api_key:
             command += ["--api-key", self.api_key]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed with it
         started = time.perf_counter()
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -99,7 +98,7 @@ class ManagedServer:
         except BaseException:
             self._stop()
             raise
-        return ServerHandle(base_url, self._process.pid, str(profile.get("model_id", "")), str(self.log_path), True, round(time.perf_counter() - started, 2))
+        return ServerHandle(base_url, self._process.pid, str(profile.get("model_id", "")), str(self.log_path), True, round(time.perf_counter() - started, 2), str(self.profile_path))
 
     def __exit__(self, *exc_info: Any) -> None:
         self._stop()
@@ -113,10 +112,6 @@ class ManagedServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
-        if self._profile_file:
-            with contextlib.suppress(OSError):
-                os.unlink(self._profile_file)
-            self._profile_file = None
 
 
 def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:

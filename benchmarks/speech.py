@@ -175,13 +175,25 @@ async def run_batch(client: httpx.AsyncClient, model_id: str, settings: SpeechSe
     }
 
 
-async def run(base_url: str, model_id: str, api_key: str | None, settings: SpeechSettings) -> dict[str, Any]:
+async def run(base_url: str, model_id: str, api_key: str | None, settings: SpeechSettings, deadline: float | None = None) -> dict[str, Any]:
+    """Every level (file and SSE), then the batch request; levels past `deadline` (monotonic) are skipped."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=max(settings.concurrency) + 4, max_keepalive_connections=max(settings.concurrency) + 4)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=settings.request_timeout_s, limits=limits) as client:
-        levels = []
+        levels: list[dict[str, Any]] = []
+        skipped: list[str] = []
         for concurrency in settings.concurrency:
             for mode in ("file", "sse"):
+                if deadline is not None and time.monotonic() > deadline:
+                    skipped.append(f"C={concurrency} {mode}")
+                    continue
                 levels.append(await run_level(client, model_id, concurrency, mode, settings))
-        batch = await run_batch(client, model_id, settings)
-    return {"levels": levels, "batch": batch}
+        if deadline is not None and time.monotonic() > deadline:
+            skipped.append("batch")
+            batch: dict[str, Any] = {}
+        else:
+            batch = await run_batch(client, model_id, settings)
+    result: dict[str, Any] = {"levels": levels, "batch": batch}
+    if skipped:
+        result["skipped_levels"] = {"reason": "deadline reached", "levels": skipped}
+    return result

@@ -1,0 +1,51 @@
+"""The server the harness starts itself: a subprocess on 127.0.0.1, healthy before use, stopped after."""
+
+from __future__ import annotations
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from benchmarks.server import ManagedServer, ServerStartError, bench_profile
+from tests.realtime.fakes import realtime_profile
+
+
+def test_the_served_profile_makes_room_for_the_sessions_asked_for():
+    profile = bench_profile(None, max_sessions=64)  # the embedded default caps at 8
+    assert profile["limits"]["max_sessions"] == 64
+    assert profile["webrtc"]["candidates"] == "loopback"
+    assert profile["model_id"] == "qwen3-omni-tiny"
+
+
+def test_a_kv_budget_grows_with_the_sessions_so_admission_does_not_refuse_them(tmp_path):
+    path = tmp_path / "kv.yaml"
+    path.write_text(yaml.safe_dump(realtime_profile(limits={"max_sessions": 2, "kv_tokens": 1000, "max_seq_len": 500})))
+    limits = bench_profile(str(path), max_sessions=16)["limits"]
+    assert limits["max_sessions"] == 16 and limits["kv_tokens"] == 16 * 500
+
+
+def test_the_harness_starts_a_healthy_server_and_stops_it(tmp_path):
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump(realtime_profile()))
+    with ManagedServer(str(path), max_sessions=4, log_path=tmp_path / "server.log", startup_timeout_s=60) as server:
+        assert server.profile_path == str(tmp_path / "server-profile.yaml")
+        assert server.base_url.startswith("http://127.0.0.1:")
+        assert httpx.get(server.base_url + "/health").json() == {"status": "ok", "model": "test-realtime"}
+        assert server.model_id == "test-realtime" and server.started_by_harness
+        process = psutil.Process(server.pid)
+    assert not process.is_running()
+    # The profile it served is kept beside the log, with room for the sessions asked for.
+    served = yaml.safe_load((tmp_path / "server-profile.yaml").read_text())
+    assert served["limits"]["max_sessions"] == 8 and served["model_id"] == "test-realtime"
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
+    path = tmp_path / "broken.yaml"
+    broken = realtime_profile()
+    broken["nodes"]["reply"]["type"] = "no.such_node"
+    path.write_text(yaml.safe_dump(broken))
+    with pytest.raises(ServerStartError, match="exited with code 2 during startup") as error:
+        with ManagedServer(str(path), max_sessions=1, log_path=tmp_path / "server.log", startup_timeout_s=60):
+            pass
+    assert "no.such_node" in str(error.value)
