@@ -1,6 +1,7 @@
 """code2wav node: codec frames -> 24 kHz reply audio, streamed in chunks.
 
-    code2wav: {type: qwen3_omni.code2wav, params: {resource: omni, first_chunk_frames: 1, chunk_frames: 6}}
+    code2wav: {type: qwen3_omni.code2wav, params: {resource: omni, first_chunk_frames: 1, chunk_frames: 6,
+                                                   max_batch: 16}}
 
 Input `codes`: `CodecFrames` from the talker (one or more frames each; an empty one with
 `final=True` ends the reply's audio) and the reply's `TurnDone`. Output `audio`: `AudioOut`
@@ -12,6 +13,9 @@ audio: low time-to-first-audio); later chunks double up to `chunk_frames` frames
 since every decode has a fixed per-call cost. Chunks join without seams: together they equal a
 one-shot decode (see `nodes/qwen3_omni/code2wav_stream.py`).
 
+Decodes go through one shared `code2wav` executor: chunks that sessions decode at the same time
+run their conv stack as one batch (`push_many`); speech requests at lower priority.
+
 An `Interrupt` drops the reply's stream at once: no audio of that reply is emitted after it.
 """
 
@@ -22,10 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream
+from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream, push_many
 
 
 @register_node("qwen3_omni.code2wav")
@@ -40,12 +45,17 @@ class Code2WavNode(Node):
         if not (1 <= self.first_chunk_frames and 1 <= self.chunk_frames):
             raise ValueError("code2wav chunk sizes must be at least one frame")
         self.decoder: Code2WavDecoder | None = None
+        self.pushes: Any = None
 
     async def start(self) -> None:
         omni = self.context.resource(self.params.get("resource", "omni"))
         if getattr(omni, "code2wav", None) is None:
             raise ValueError("the checkpoint has no code2wav (audio output disabled)")
         self.decoder = await self.context.compute.run(Code2WavDecoder, omni.code2wav)
+        # One shared executor: chunks that sessions decode at the same time share one conv pass.
+        self.pushes = self.context.compute.batcher(
+            "code2wav", lambda pushes: push_many(pushes), max_batch=int(self.params.get("max_batch", 16))
+        )
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return Code2WavSession(self, session)
@@ -98,7 +108,7 @@ class Code2WavSession(NodeSession):
             self._stream_key = key
         codes = torch.from_numpy(np.asarray(message.codes, dtype=np.int64).reshape(-1, self._quantizers()))
         stream = self._stream
-        samples = await self.node.context.compute.run(stream.push, codes, message.final)
+        samples = await self._push(stream, codes, message.final)
         if stream is self._stream:  # not interrupted meanwhile (that closes the stream)
             await self._emit_audio(samples, message, emit)
 
@@ -107,9 +117,15 @@ class Code2WavSession(NodeSession):
         assert stream is not None
         if stream.pending_frames:
             empty = torch.empty((0, self._quantizers()), dtype=torch.long)
-            samples = await self.node.context.compute.run(stream.push, empty, True)
+            samples = await self._push(stream, empty, True)
             if stream is self._stream:
                 await self._emit_audio(samples, done, emit)
+
+    async def _push(self, stream: Code2WavStream, codes: torch.Tensor, final: bool) -> torch.Tensor:
+        if not final and stream.pending_frames + int(codes.shape[0]) < stream.next_chunk_frames:
+            return stream.push(codes)  # only queues the frames: no compute, no executor round trip
+        priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
+        return await self.node.pushes.submit((stream, codes, final), priority)
 
     async def _emit_audio(self, samples: torch.Tensor, source: Message, emit: Emit) -> None:
         if samples.numel() == 0:

@@ -143,7 +143,8 @@ class Code2WavDecoder:
 
     @torch.inference_mode()
     def convolve(self, hidden: torch.Tensor, state: dict[Any, Any]) -> torch.Tensor:
-        """The conv stack on new transformer outputs [1, hidden, frames], carrying `state` -> new samples."""
+        """The conv stack on new transformer outputs [B, hidden, frames], carrying `state` (one
+        stream's, or several streams' stacked on the batch axis) -> new samples [B, samples]."""
         _active.state = state
         try:
             for blocks in self.code2wav.upsample:
@@ -153,7 +154,7 @@ class Code2WavDecoder:
                 hidden = block(hidden)
         finally:
             _active.state = None
-        return hidden.clamp(min=-1, max=1)[0, 0]
+        return hidden.clamp(min=-1, max=1)[:, 0]
 
     @torch.inference_mode()
     def decode_all(self, codes: torch.Tensor) -> torch.Tensor:
@@ -198,19 +199,53 @@ class Code2WavStream:
 
         Decodes when the pending frames reach the current chunk size, or at `final`.
         """
+        return push_many([(self, codes, final)])[0]
+
+    def _take_due(self, codes: torch.Tensor, final: bool) -> torch.Tensor | None:
+        """Queue `codes`; the frames to decode now, if a chunk is due."""
         if codes.numel():
             self._pending.append(codes.reshape(-1, codes.shape[-1]))
-        due = self.next_chunk_frames
-        if self.pending_frames == 0 or (self.pending_frames < due and not final):
-            return torch.empty(0)
-        codes = torch.cat(self._pending)
+        if self.pending_frames == 0 or (self.pending_frames < self.next_chunk_frames and not final):
+            return None
+        due = torch.cat(self._pending)
         self._pending.clear()
-        hidden = self.decoder.transform(codes, self._cache, self.frames_in)
-        samples = self.decoder.convolve(hidden, self._conv_state)
-        self.frames_in += int(codes.shape[0])
-        self.samples_out += int(samples.shape[0])
-        self.decodes += 1
-        return samples
+        return due
+
+
+@torch.inference_mode()
+def push_many(pushes: list[tuple[Code2WavStream, torch.Tensor, bool]]) -> list[torch.Tensor]:
+    """`Code2WavStream.push` for several streams (of any sessions, one push per stream) at once.
+
+    Each due stream runs the transformer with its own KV cache; streams decoding the same number
+    of frames at the same stage of their state run the conv stack as one batch (their conv state
+    stacked on the batch axis for that call).
+    """
+    results = [torch.empty(0)] * len(pushes)
+    groups: dict[tuple[int, bool, int], list[tuple[int, Code2WavStream, torch.Tensor]]] = {}
+    for index, (stream, codes, final) in enumerate(pushes):
+        due = stream._take_due(codes, final)
+        if due is None:
+            continue
+        hidden = stream.decoder.transform(due, stream._cache, stream.frames_in)
+        stream.frames_in += int(due.shape[0])
+        key = (id(stream.decoder), stream.decodes == 0, int(due.shape[0]))
+        groups.setdefault(key, []).append((index, stream, hidden))
+    for members in groups.values():
+        decoder = members[0][1].decoder
+        states = [stream._conv_state for _, stream, _ in members]
+        if len(members) == 1:
+            samples = decoder.convolve(members[0][2], states[0])
+        else:
+            stacked = {key: torch.cat([state[key] for state in states]) for key in states[0]}
+            samples = decoder.convolve(torch.cat([hidden for _, _, hidden in members]), stacked)
+            for row, state in enumerate(states):
+                for key, value in stacked.items():
+                    state[key] = value[row : row + 1]
+        for row, (index, stream, _) in enumerate(members):
+            results[index] = samples[row]
+            stream.samples_out += int(samples.shape[1])
+            stream.decodes += 1
+    return results
 
 
 def frames_to_ms(frames: int, samples_per_frame: int = 1920) -> float:

@@ -9,7 +9,7 @@ import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream
+from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream, push_many
 
 QUANTIZERS = 4
 CODEBOOK = 64
@@ -91,6 +91,25 @@ def test_two_interleaved_streams_on_one_model_do_not_disturb_each_other(decoder)
 
     assert torch.allclose(torch.cat(out_a), decoder.decode_all(codes_a), rtol=0, atol=1e-12)
     assert torch.allclose(torch.cat(out_b), decoder.decode_all(codes_b), rtol=0, atol=1e-12)
+
+
+def test_streams_pushed_together_decode_as_one_batch_and_each_equals_its_one_shot_decode(decoder):
+    """Streams at the same stage decoding as many frames share one conv pass; others decode apart."""
+    codes = [torch.randint(0, CODEBOOK, (14, QUANTIZERS), generator=torch.Generator().manual_seed(10 + i)) for i in range(4)]
+    streams = [Code2WavStream(decoder, first_chunk_frames=1, chunk_frames=4) for _ in codes]
+    start = [0, 0, 0, 3]  # the fourth stream starts three frames late
+    outputs = [[] for _ in codes]
+    for step in range(17):
+        pushes = []
+        for i, stream in enumerate(streams):
+            frame = step - start[i]
+            if 0 <= frame < 14:
+                pushes.append((i, (stream, codes[i][frame : frame + 1], frame == 13)))
+        for (i, _), samples in zip(pushes, push_many([push for _, push in pushes])):
+            outputs[i].append(samples)
+
+    for i in range(len(codes)):
+        assert torch.allclose(torch.cat(outputs[i]), decoder.decode_all(codes[i]), rtol=0, atol=1e-12)
 
 
 def test_the_models_own_one_shot_decode_is_unchanged_by_streaming(decoder):
