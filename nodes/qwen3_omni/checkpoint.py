@@ -156,9 +156,19 @@ def _build_tokenizer():
     )
 
 
-def tiny_config():
-    """The `Qwen3OmniMoeConfig` of the tiny checkpoint."""
+def tiny_config(scale: int = 1):
+    """The `Qwen3OmniMoeConfig` of the tiny checkpoint.
+
+    `scale` > 1 makes a larger random profile of the same layout, for benchmarks whose ratios
+    should reflect compute rather than per-call overhead: the thinker's and talker's widths,
+    heads, MoE sizes and layer counts grow `scale` times (head_dim, vocabularies, the encoders'
+    own widths and code2wav stay as they are). scale=8: a 16-layer, ~38 M-parameter thinker.
+    """
     from transformers import Qwen3OmniMoeConfig
+
+    if scale < 1:
+        raise ValueError("scale must be >= 1")
+    thinker_hidden, talker_hidden = THINKER_HIDDEN * scale, TALKER_HIDDEN * scale
 
     ids = _token_ids()
     audio_pad, image_pad, video_pad = ids["<|audio_pad|>"], ids["<|image_pad|>"], ids["<|video_pad|>"]
@@ -180,7 +190,7 @@ def tiny_config():
             "encoder_attention_heads": 2,
             "encoder_ffn_dim": 64,
             "d_model": 32,
-            "output_dim": THINKER_HIDDEN,
+            "output_dim": thinker_hidden,
             "downsample_hidden_size": 8,
             "max_source_positions": 1500,
             "n_window": 50,
@@ -194,19 +204,19 @@ def tiny_config():
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "out_hidden_size": THINKER_HIDDEN,
+            "out_hidden_size": thinker_hidden,
             "num_position_embeddings": 256,
             "deepstack_visual_indexes": [0],
         },
         "text_config": {
             "vocab_size": THINKER_VOCAB_SIZE,
-            "hidden_size": THINKER_HIDDEN,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            "hidden_size": thinker_hidden,
+            "intermediate_size": 128 * scale,
+            "num_hidden_layers": 2 * scale,
+            "num_attention_heads": 4 * scale,
+            "num_key_value_heads": 2 * scale,
             "head_dim": 16,
-            "moe_intermediate_size": 32,
+            "moe_intermediate_size": 32 * scale,
             "num_experts": 4,
             "num_experts_per_tok": 2,
             "max_position_embeddings": 32768,
@@ -228,14 +238,14 @@ def tiny_config():
     talker = {
         "text_config": {
             "vocab_size": CODEBOOK_SIZE + 1024,
-            "hidden_size": TALKER_HIDDEN,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            "hidden_size": talker_hidden,
+            "intermediate_size": 128 * scale,
+            "num_hidden_layers": 2 * scale,
+            "num_attention_heads": 4 * scale,
+            "num_key_value_heads": 2 * scale,
             "head_dim": 16,
-            "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 64,
+            "moe_intermediate_size": 32 * scale,
+            "shared_expert_intermediate_size": 64 * scale,
             "num_experts": 4,
             "num_experts_per_tok": 2,
             "max_position_embeddings": 32768,
@@ -243,18 +253,18 @@ def tiny_config():
         },
         "code_predictor_config": {
             "vocab_size": CODEBOOK_SIZE,
-            "hidden_size": TALKER_HIDDEN,
-            "intermediate_size": 128,
+            "hidden_size": talker_hidden,
+            "intermediate_size": 128 * scale,
             "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            "num_attention_heads": 4 * scale,
+            "num_key_value_heads": 2 * scale,
             "head_dim": 16,
             "num_code_groups": NUM_CODE_GROUPS,
             "max_position_embeddings": 64,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         },
         "num_code_groups": NUM_CODE_GROUPS,
-        "thinker_hidden_size": THINKER_HIDDEN,
+        "thinker_hidden_size": thinker_hidden,
         "accept_hidden_layer": 1,
         "spatial_merge_size": 2,
         "speaker_id": {name: CODEBOOK_SIZE + 253 + i for i, name in enumerate(SPEAKERS)},
@@ -292,7 +302,7 @@ def tiny_config():
     )
 
 
-def tiny_model(seed: int = 0):
+def tiny_model(seed: int = 0, scale: int = 1):
     """The tiny model in memory: seeded random weights, shaped by `_shape_random_weights`."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
@@ -300,7 +310,7 @@ def tiny_model(seed: int = 0):
     ids = _token_ids()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3OmniMoeForConditionalGeneration(tiny_config())
+        model = Qwen3OmniMoeForConditionalGeneration(tiny_config(scale))
         model.eval()
         with torch.no_grad():
             _shape_random_weights(model, ids)
@@ -312,17 +322,18 @@ def tiny_model(seed: int = 0):
     return model
 
 
-def build_tiny_checkpoint(out_dir: str | os.PathLike[str], seed: int = 0) -> Path:
+def build_tiny_checkpoint(out_dir: str | os.PathLike[str], seed: int = 0, scale: int = 1) -> Path:
     """Build the tiny checkpoint into `out_dir` (created; existing files are overwritten).
 
-    Same seed -> byte-identical weights. Returns the directory.
+    Same seed -> byte-identical weights. Returns the directory. `scale` > 1: a larger random
+    profile (see `tiny_config`), for benchmarks.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tiny_model(seed).save_pretrained(out)
+    tiny_model(seed, scale).save_pretrained(out)
     _build_tokenizer().save_pretrained(out)
     (out / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(), indent=2) + "\n")
-    (out / "sgl_omni_tiny.json").write_text(json.dumps({"version": TINY_CHECKPOINT_VERSION, "seed": seed}) + "\n")
+    (out / "sgl_omni_tiny.json").write_text(json.dumps({"version": TINY_CHECKPOINT_VERSION, "seed": seed, **({"scale": scale} if scale != 1 else {})}) + "\n")
     return out
 
 
@@ -440,8 +451,9 @@ def make_tiny_checkpoint_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="sgl-omni make-tiny-checkpoint", description=__doc__.splitlines()[0])
     parser.add_argument("dir", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=int, default=1, help="a larger random profile (widths and layers x N), for benchmarks")
     args = parser.parse_args(argv)
-    out = build_tiny_checkpoint(args.dir, seed=args.seed)
+    out = build_tiny_checkpoint(args.dir, seed=args.seed, scale=args.scale)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"tiny Qwen3-Omni checkpoint written to {out} ({size / 1e6:.1f} MB)")
     return 0

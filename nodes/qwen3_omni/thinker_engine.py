@@ -16,6 +16,13 @@ Invariants (what makes a second turn cost only its new tokens):
 - Usage: a reply's `cached_tokens` is the context as it stood when the previous reply ended
   (0 before the first): the user's new input counts as input even when it was prefilled early
   (at commit), so a second turn reports exactly the first turn's input + output as cached.
+- The KV lives in one row of the model's shared `SlotKVCache` (slot_cache.py), taken at the
+  first prefill and given back by `close()`; a crop (truncate, interrupt, out-of-band rollback)
+  only shortens the row. Every model call is a generator of forward requests (`prefill_work`,
+  `decode_work`, `truncate_work`): the plain methods (`prefill`, `decode_step`, ...) run one
+  alone, each request its own forward; the shared `ThinkerExecutor` (batched_thinker.py) runs
+  the calls of many sessions together, all decode steps ready at once in one forward. Both give
+  the same tokens (tests/model/test_batched_thinker.py).
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -32,16 +39,22 @@ thread and stops a reply before its next step. Errors that a client can act on a
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from nodes.qwen3_omni.batched_thinker import Chunk, Feed, ThinkerRunner, Work
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
 
 # A reply must leave room for its closing `<|im_end|>\n`.
 _CLOSING_RESERVE = 2
+# A prefill goes through the model in chunks of at most this many tokens; between two chunks the
+# shared executor runs the other sessions' decode steps.
+PREFILL_CHUNK_TOKENS = 256
 
 
 class ThinkerError(RuntimeError):
@@ -132,11 +145,20 @@ class _Reply:
     rollback: tuple[int, list[int], int, int, int] | None = None
 
 
+class _Row:
+    """The session's view of its KV row (what a `DynamicCache` answered before)."""
+
+    def __init__(self, session: ThinkerSession):
+        self._session = session
+
+    def get_seq_length(self) -> int:
+        slot = self._session._slot
+        return 0 if slot is None else self._session._runner.cache.length(slot)
+
+
 class ThinkerSession:
     def __init__(self, omni: OmniModel, sampling: Sampling | None = None, max_seq_len: int | None = None,
-                 max_reply_tokens: int | None = None):
-        from transformers import DynamicCache
-
+                 max_reply_tokens: int | None = None, prefill_chunk_tokens: int | None = None):
         self.omni = omni
         self.thinker = omni.thinker
         self.tokens = omni.tokens
@@ -144,7 +166,12 @@ class ThinkerSession:
         self.max_seq_len = int(max_seq_len or omni.bounds.max_seq_len)
         self.max_reply_tokens = int(max_reply_tokens or omni.bounds.max_reply_tokens)
         self.accept_layer = int(omni.config.talker_config.accept_hidden_layer) if omni.talker is not None else None
-        self.cache = DynamicCache(config=self.thinker.config.text_config)
+        self.prefill_chunk_tokens = int(prefill_chunk_tokens or PREFILL_CHUNK_TOKENS)
+        self._runner = ThinkerRunner.for_model(omni)
+        self._slot: int | None = None  # this session's row in the runner's slot cache
+        self._release: weakref.finalize | None = None
+        self._closed = False
+        self.cache = _Row(self)
         self.context_ids: list[int] = []
         self._positions_after: list[int] = []  # next rotary position after each context token
         self.pending: list[int] = []
@@ -190,15 +217,22 @@ class ThinkerSession:
 
     # ------------------------------------------------------------------ turns
 
+    def prefill(self, turn: dict[str, Any], *, reply: bool | None = None, out_of_band: bool = False,
+                max_reply_tokens: int | None = None) -> Prefill:
+        """`prefill_work` run alone (see there)."""
+        return self._runner.run_alone(
+            self.prefill_work(turn, reply=reply, out_of_band=out_of_band, max_reply_tokens=max_reply_tokens)
+        )
+
     @torch.inference_mode()
-    def prefill(
+    def prefill_work(
         self,
         turn: dict[str, Any],
         *,
         reply: bool | None = None,
         out_of_band: bool = False,
         max_reply_tokens: int | None = None,
-    ) -> Prefill:
+    ) -> Work:
         """Feed one turn (the `encode_turns` dict; `input_ids` = this turn's tokens only).
 
         `reply` (default: the turn ends with the assistant header) starts a reply: `decode_step`
@@ -206,8 +240,9 @@ class ThinkerSession:
         `max_output_tokens`) or the session's bound (finish reason `length`).
         `out_of_band`: when the reply finishes, the session forgets this turn and the reply.
         Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn does not fit
-        in `max_seq_len`.
+        in `max_seq_len`. A generator of forward requests (module docstring); returns a `Prefill`.
         """
+        self._sync_row()
         ids = [int(i) for i in turn["input_ids"].tolist()]
         if reply is None:
             reply = ids[-3:] == self.tokens.assistant_header
@@ -216,7 +251,7 @@ class ThinkerSession:
             return Prefill(new_tokens=0, cached_tokens=n, context_tokens=n,
                            multimodal_hidden=torch.zeros(0, self.thinker.config.text_config.hidden_size))
         if self.replying:
-            self.finish_reply("interrupted")
+            yield from self._finish_work(self._reply, "interrupted")
         if reply:
             self._interrupt.clear()  # an interrupt from here on stops this reply's first step
         new_ids = self.pending + ids
@@ -233,7 +268,7 @@ class ThinkerSession:
         positions = self._positions(new_ids, turn)
         user_mask, mm_mask = self._user_and_multimodal_masks(new_ids)
         want_hidden = self.accept_layer is not None and bool(mm_mask.any())
-        logits, hidden = self._forward(embeds, positions, deepstack, visual_mask, want_hidden)
+        logits, hidden = yield from self._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden)
         self._append(new_ids, positions)
         self.pending = []
         self.audio_tokens_in_context += sum(1 for i in ids if i == self.tokens.audio_pad)
@@ -266,31 +301,36 @@ class ThinkerSession:
             result.reply_started = True
         return result
 
-    @torch.inference_mode()
     def decode_step(self) -> Step:
+        """`decode_work` run alone (see there)."""
+        return self._runner.run_alone(self.decode_work())
+
+    @torch.inference_mode()
+    def decode_work(self) -> Work:
         """Feed the previous reply token, then choose the next one and return it.
 
         A chosen token is returned before the forward that feeds it (that forward opens the next
         step), so the first token follows the prefill at once and the talker can start on it.
-        Stops within one step of `interrupt()`.
+        Stops within one step of `interrupt()`. A generator of forward requests; returns a `Step`.
         """
+        self._sync_row()
         reply = self._reply
         if reply is None or reply.finish_reason is not None:
             raise ThinkerError("no_reply", "no reply is in progress")
         index = len(reply.token_ids)
         if self._interrupt.is_set():
-            return self._finish_step(reply, "interrupted", index)
-        self._feed_unfed(reply)
+            return (yield from self._finish_step(reply, "interrupted", index))
+        yield from self._feed_unfed(reply)
         # A token is only chosen if it can be fed later with the closing still fitting after it.
         if len(self.context_ids) + 1 + _CLOSING_RESERVE > self.max_seq_len:
-            return self._finish_step(reply, "context_exhausted", index)
+            return (yield from self._finish_step(reply, "context_exhausted", index))
         token = self._choose(self._last_logits)
         if token in self.tokens.eos:
-            return self._finish_step(reply, "stop", index)
+            return (yield from self._finish_step(reply, "stop", index))
         reply.token_ids.append(token)
         text = self._new_text(reply)
         if len(reply.token_ids) >= reply.limit:
-            self._finish(reply, reply.limit_reason)
+            yield from self._finish_work(reply, reply.limit_reason)
             return Step(token, text + self._flush_text(reply), index, reply.limit_reason)
         return Step(token, text, index)
 
@@ -298,11 +338,17 @@ class ThinkerSession:
         """Ask the running reply to stop before its next step (thread-safe, never blocks)."""
         self._interrupt.set()
 
-    @torch.inference_mode()
     def finish_reply(self, reason: str = "interrupted") -> None:
         """End the running reply now (e.g. on interrupt); it stays in the history as far as it got."""
         if self.replying:
-            self._finish(self._reply, reason)
+            self._runner.run_alone(self._finish_work(self._reply, reason))
+
+    def close(self) -> None:
+        """Give the session's KV row back to the shared cache (the session cannot run again)."""
+        self._closed = True
+        self._interrupt.set()
+        if self._release is not None:
+            self._release()  # under the cache's lock: never while a forward uses the row
 
     def reply_text(self) -> str:
         return self._reply.text if self._reply else ""
@@ -314,17 +360,22 @@ class ThinkerSession:
         usage.output_tokens = len(self._reply.token_ids)
         return usage
 
-    @torch.inference_mode()
     def truncate_reply(self, heard_tokens: int) -> str:
+        """`truncate_work` run alone (see there)."""
+        return self._runner.run_alone(self.truncate_work(heard_tokens))
+
+    @torch.inference_mode()
+    def truncate_work(self, heard_tokens: int) -> Work:
         """Keep only the first `heard_tokens` tokens of the last reply, in the history and the cache.
 
-        Returns the text that remains. The reply must be finished (interrupt it first).
+        Returns the text that remains. A running reply is ended first (its unfed tokens are fed).
         """
+        self._sync_row()
         reply = self._reply
         if reply is None:
             raise ThinkerError("no_reply", "there is no reply to truncate")
         if reply.finish_reason is None:
-            self._finish(reply, "interrupted")
+            yield from self._finish_work(reply, "interrupted")
         if reply.rollback is not None:
             return reply.text  # an out-of-band reply left nothing in the history
         keep = max(0, min(int(heard_tokens), len(reply.token_ids)))
@@ -341,11 +392,11 @@ class ThinkerSession:
 
     # ------------------------------------------------------------------ internals
 
-    def _finish_step(self, reply: _Reply, reason: str, index: int) -> Step:
-        self._finish(reply, reason)
+    def _finish_step(self, reply: _Reply, reason: str, index: int) -> Work:
+        yield from self._finish_work(reply, reason)
         return Step(None, self._flush_text(reply), index, reason)
 
-    def _finish(self, reply: _Reply, reason: str) -> None:
+    def _finish_work(self, reply: _Reply, reason: str) -> Work:
         reply.finish_reason = reason
         self._interrupt.clear()
         if reply.rollback is not None:
@@ -354,22 +405,19 @@ class ThinkerSession:
             self.pending = pending
             self.audio_tokens_in_context, self.image_tokens_in_context, self.turns = audio, image, turns
             return
-        self._feed_unfed(reply)  # the whole reply joins the history (and the cache)
+        yield from self._feed_unfed(reply)  # the whole reply joins the history (and the cache)
         self.pending = list(self.tokens.closing)
         self._previous_context = len(self.context_ids)
 
-    def _feed_unfed(self, reply: _Reply) -> None:
+    def _feed_unfed(self, reply: _Reply) -> Work:
         while reply.fed < len(reply.token_ids):
-            self._feed_reply_token(reply, reply.token_ids[reply.fed])
-
-    def _feed_reply_token(self, reply: _Reply, token: int) -> None:
-        position = self.next_position
-        embeds = self.thinker.get_input_embeddings()(torch.tensor([[token]], device=self.omni.device))
-        positions = torch.tensor([position], device=self.omni.device).view(1, 1, 1).expand(3, 1, 1)
-        logits, _ = self._forward(embeds, positions, None, None, False)
-        self._append([token], positions)
-        reply.fed += 1
-        self._last_logits = logits
+            token = reply.token_ids[reply.fed]
+            position = self.next_position
+            logits = yield Feed(self._row(), token, position, owner=self)
+            self.tokens_forwarded += 1
+            self._append([token], torch.full((3, 1, 1), position, dtype=torch.long))
+            reply.fed += 1
+            self._last_logits = logits
 
     def _choose(self, logits: torch.Tensor) -> int:
         logits = logits.float().cpu().masked_fill(self._suppress, float("-inf"))
@@ -447,24 +495,46 @@ class ThinkerSession:
             )
         return positions.long() + self.next_position
 
-    def _forward(self, embeds, positions, deepstack, visual_mask, want_hidden):
-        cached = self.cache.get_seq_length()
+    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden) -> Work:
+        """The new tokens through the model in chunks of `prefill_chunk_tokens` (one forward request
+        each) -> logits at the last token, accept-layer hidden states of all of them (or None)."""
         length = embeds.shape[1]
-        text_positions = torch.arange(cached, cached + length, device=embeds.device).view(1, 1, -1)
-        position_ids = torch.cat([text_positions, positions], dim=0)
-        out = self.thinker.model.language_model(
-            inputs_embeds=embeds,
-            position_ids=position_ids,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=want_hidden,
-            deepstack_visual_embeds=deepstack,
-            visual_pos_masks=visual_mask,
-        )
-        self.tokens_forwarded += length
-        logits = self.thinker.lm_head(out.last_hidden_state[:, -1:, :])[0, -1]
-        hidden = out.hidden_states[self.accept_layer][0] if want_hidden else None
-        return logits, hidden
+        hiddens = []
+        visual_before = 0  # visual positions in earlier chunks (deepstack rows are per visual position)
+        for start in range(0, length, self.prefill_chunk_tokens):
+            end = min(length, start + self.prefill_chunk_tokens)
+            chunk_mask, chunk_deepstack = None, None
+            if visual_mask is not None and deepstack is not None:
+                chunk_mask = visual_mask[:, start:end]
+                count = int(chunk_mask.sum())
+                if count:
+                    chunk_deepstack = [level[visual_before : visual_before + count] for level in deepstack]
+                else:
+                    chunk_mask = None
+                visual_before += count
+            logits, hidden = yield Chunk(
+                self._row(), embeds[:, start:end], positions[..., start:end], chunk_deepstack, chunk_mask,
+                self.accept_layer if want_hidden else None, owner=self,
+            )
+            self.tokens_forwarded += end - start
+            hiddens.append(hidden)
+        return logits, (torch.cat(hiddens) if want_hidden else None)
+
+    def _row(self) -> int:
+        """This session's KV row (taken at its first forward)."""
+        if self._closed:
+            raise ThinkerError("session_closed", "the session is closed")
+        if self._slot is None:
+            cache = self._runner.cache
+            self._slot = cache.acquire()
+            # Given back by close(), or when the session is garbage (whichever comes first, once).
+            self._release = weakref.finalize(self, _release_row, cache, self._slot, _SlotHolder(self))
+        return self._slot
+
+    def _sync_row(self) -> None:
+        """A call abandoned half-way (a cancelled caller) may have left extra tokens in the row."""
+        if self._slot is not None and self._runner.cache.length(self._slot) > len(self.context_ids):
+            self._runner.cache.set_length(self._slot, len(self.context_ids))
 
     def _append(self, ids: list[int], positions: torch.Tensor) -> None:
         ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
@@ -475,7 +545,7 @@ class ThinkerSession:
     def _crop_to(self, length: int) -> None:
         drop = len(self.context_ids) - length
         if drop > 0:
-            self.cache.crop(-drop)
+            self._runner.cache.set_length(self._row(), length)
             del self.context_ids[length:]
             del self._positions_after[length:]
         self._role = self._role_after(self.context_ids, None)
@@ -524,3 +594,21 @@ class ThinkerSession:
                 mm_hidden = torch.zeros(0, self.thinker.config.text_config.hidden_size, device=self.omni.device)
             parts.append(TalkerUserPart(ids_t[start:end], mask, mm_hidden))
         return parts
+
+
+class _SlotHolder:
+    """Lets the release callback clear the session's slot without keeping the session alive."""
+
+    def __init__(self, session: ThinkerSession):
+        self._session = weakref.ref(session)
+
+    def clear(self) -> None:
+        session = self._session()
+        if session is not None:
+            session._slot = None
+
+
+def _release_row(cache, slot: int, holder: _SlotHolder) -> None:
+    with cache.lock:
+        holder.clear()
+        cache.release(slot)

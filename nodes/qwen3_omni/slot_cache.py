@@ -1,0 +1,202 @@
+"""A slot-based KV cache shared by all sessions of one thinker: one row per session, batched forwards.
+
+Layout: per layer one preallocated key buffer and one value buffer of shape
+`[slots, kv_heads, capacity, head_dim]`. A session owns one row (slot) from its first prefill
+until it closes; its tokens sit in that row from column 0, in context order, and the row's
+`length` says how many are valid. Everything a session does to its KV is a change of that row:
+
+- prefill / decode write the new keys/values at columns `length .. length+q` and advance it;
+- interrupt, truncate, an out-of-band reply's rollback = `set_length(slot, shorter)` (the stale
+  columns are masked until overwritten);
+- leave = `release(slot)` (the row is free for the next session); join = `load(slot, ...)` copies
+  an existing KV (e.g. a `DynamicCache`'s tensors) into a free row.
+
+A forward over rows `r_1..r_B` (each with `q` new tokens) gets a `SlotBatch`: it is passed to
+the model as its `cache=` (the attention layers call `update(key, value, layer_idx)`, which
+writes the new columns and returns the rows' keys/values up to the longest row) together with
+`SlotBatch.mask`, a 4-D additive mask `[B, 1, q, kv_len]` that lets query i of row b see
+columns `0 .. length_b + i` only. So rows of different lengths run in one forward without
+re-packing anything, and each row's result equals its own unbatched forward (to float rounding:
+the padded columns contribute exact zeros after softmax).
+
+Capacity and slot count grow on demand (doubling, copying the buffers); nothing shrinks. A
+real deployment sizes them up front (`slots` = max sessions, `capacity` = max_seq_len) and the
+KV budget then is `slots * capacity` tokens.
+
+transformers coupling (pinned to 5.24.0 in pyproject): `SlotBatch` is not a `transformers`
+`Cache`; it relies on (a) the attention layers calling `cache.update(key, value, layer_idx,
+...)` and attending over what it returns, and (b) `create_causal_mask` returning a 4-D mask
+as-is. tests/model/test_batched_thinker.py (batched == sequential logits) and
+tests/model/test_thinker.py (incremental == full prefill, == `generate()`) guard both: run them
+after any transformers upgrade.
+
+Thread safety: `lock` (re-entrant) must be held around a forward and around any structural change
+(acquire/release/set_length/growth); `ThinkerRunner` does that.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
+                 slots: int = 4, capacity: int = 256):
+        self.num_layers = layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.lock = threading.RLock()
+        self.capacity = capacity
+        self.keys = [self._zeros(slots, capacity) for _ in range(layers)]
+        self.values = [self._zeros(slots, capacity) for _ in range(layers)]
+        self.lengths: list[int] = [0] * slots
+        self._free: list[int] = list(range(slots - 1, -1, -1))  # pop() hands out low rows first
+
+    @classmethod
+    def for_text_config(cls, config, *, dtype: torch.dtype, device: torch.device | str, **sizes: int) -> SlotKVCache:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype=dtype, device=device, **sizes)
+
+    def _zeros(self, slots: int, capacity: int) -> torch.Tensor:
+        return torch.zeros((slots, self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
+
+    # ------------------------------------------------------------------ rows
+
+    @property
+    def slots(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def rows_in_use(self) -> int:
+        return self.slots - len(self._free)
+
+    def acquire(self) -> int:
+        """A free row (length 0), growing the slot count if all are taken."""
+        with self.lock:
+            if not self._free:
+                self._grow(slots=self.slots * 2)
+            slot = self._free.pop()
+            self.lengths[slot] = 0
+            return slot
+
+    def release(self, slot: int) -> None:
+        with self.lock:
+            if slot in self._free:
+                return
+            self.lengths[slot] = 0
+            self._free.append(slot)
+
+    def length(self, slot: int) -> int:
+        return self.lengths[slot]
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Forget the row's tokens past `length` (interrupt, truncate, rollback)."""
+        with self.lock:
+            if not 0 <= length <= self.lengths[slot]:
+                raise ValueError(f"row {slot} holds {self.lengths[slot]} tokens; cannot set its length to {length}")
+            self.lengths[slot] = length
+
+    def load(self, slot: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Join: copy one session's KV (per layer `[1 or kv_heads.., length, head_dim]`) into row `slot`."""
+        with self.lock:
+            length = int(keys[0].shape[-2])
+            self._ensure_capacity(length)
+            for layer in range(self.num_layers):
+                self.keys[layer][slot, :, :length] = keys[layer].reshape(self.kv_heads, length, self.head_dim)
+                self.values[layer][slot, :, :length] = values[layer].reshape(self.kv_heads, length, self.head_dim)
+            self.lengths[slot] = length
+
+    def row(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The valid keys/values of one row, `[kv_heads, length, head_dim]` (views)."""
+        length = self.lengths[slot]
+        return self.keys[layer][slot, :, :length], self.values[layer][slot, :, :length]
+
+    # ------------------------------------------------------------------ forwards
+
+    def batch(self, rows: Sequence[int], query_length: int) -> SlotBatch:
+        """A view for one forward of `query_length` new tokens on each of `rows` (distinct)."""
+        if len(set(rows)) != len(rows):
+            raise ValueError("a row can appear only once in a forward")
+        with self.lock:
+            starts = [self.lengths[row] for row in rows]
+            self._ensure_capacity(max(starts) + query_length)
+            return SlotBatch(self, list(rows), starts, query_length)
+
+    def _ensure_capacity(self, needed: int) -> None:
+        if needed > self.capacity:
+            capacity = self.capacity
+            while capacity < needed:
+                capacity *= 2
+            self._grow(capacity=capacity)
+
+    def _grow(self, slots: int | None = None, capacity: int | None = None) -> None:
+        slots = slots or self.slots
+        capacity = capacity or self.capacity
+        old_slots, old_capacity = self.slots, self.capacity
+        for buffers in (self.keys, self.values):
+            for layer, old in enumerate(buffers):
+                new = self._zeros(slots, capacity)
+                new[:old_slots, :, :old_capacity] = old
+                buffers[layer] = new
+        self._free = list(range(slots - 1, old_slots - 1, -1)) + self._free
+        self.lengths += [0] * (slots - old_slots)
+        self.capacity = capacity
+
+
+class SlotBatch:
+    """One forward's view of some rows: the model's `cache=` and its 4-D attention mask.
+
+    Not a transformers `Cache` (see the module docstring for what it relies on). Call `commit()`
+    after the forward succeeded: only then do the rows' lengths include the new tokens.
+    """
+
+    def __init__(self, cache: SlotKVCache, rows: list[int], starts: list[int], query_length: int):
+        self.cache = cache
+        self.rows = rows
+        self.starts = starts
+        self.query_length = query_length
+        self.kv_length = max(starts) + query_length
+        device = cache.device
+        self._rows_t = torch.tensor(rows, device=device)
+        self._starts_t = torch.tensor(starts, device=device)
+        first = rows[0]
+        self._contiguous = rows == list(range(first, first + len(rows)))
+        self._slice = slice(first, first + len(rows))
+        # Query i of row b sees columns 0 .. start_b + i.
+        columns = torch.arange(self.kv_length, device=device)
+        last_seen = self._starts_t[:, None] + torch.arange(query_length, device=device)[None, :]  # [B, q]
+        allowed = columns[None, None, :] <= last_seen[:, :, None]  # [B, q, kv]
+        mask = torch.zeros(allowed.shape, dtype=cache.dtype, device=device)
+        self.mask = mask.masked_fill_(~allowed, torch.finfo(cache.dtype).min)[:, None]  # [B, 1, q, kv]
+
+    def text_positions(self) -> torch.Tensor:
+        """`[B, q]` cache positions of the new tokens (the text row of Qwen3-Omni's position ids)."""
+        return self._starts_t[:, None] + torch.arange(self.query_length, device=self.cache.device)[None, :]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the new `[B, kv_heads, q, head_dim]` keys/values; return the rows' `[B, kv_heads, kv_len, head_dim]`."""
+        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
+        q = self.query_length
+        if q == 1:
+            keys[self._rows_t, :, self._starts_t] = key[:, :, 0]
+            values[self._rows_t, :, self._starts_t] = value[:, :, 0]
+        else:
+            for b, (row, start) in enumerate(zip(self.rows, self.starts)):
+                keys[row, :, start : start + q] = key[b]
+                values[row, :, start : start + q] = value[b]
+        if self._contiguous:
+            return keys[self._slice, :, : self.kv_length], values[self._slice, :, : self.kv_length]
+        return (
+            keys[:, :, : self.kv_length].index_select(0, self._rows_t),
+            values[:, :, : self.kv_length].index_select(0, self._rows_t),
+        )
+
+    def commit(self) -> None:
+        with self.cache.lock:
+            for row, start in zip(self.rows, self.starts):
+                self.cache.lengths[row] = start + self.query_length
