@@ -148,14 +148,17 @@ def test_replies_of_two_sessions_interleave_on_one_model_without_disturbing_each
         messages = [{"role": "user", "content": text}]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"][0]
 
-    def frames_alone(ids):
-        reply = new_reply(talker, ids)
+    sampled = TalkerSampling(do_sample=True, seed=3)  # one session samples, the other is greedy
+
+    def frames_alone(ids, sampling=GREEDY):
+        reply = new_reply(talker, ids, sampling=sampling)
         reply.add_text([104, 105, 106, 107], final=True)
         return torch.stack([reply.step() for _ in range(5)])
 
+    predictor_do_sample = talker.talker.code_predictor.generation_config.do_sample
     a_ids, b_ids = prompt("first session"), prompt("a much longer second session prompt")
-    alone = frames_alone(a_ids), frames_alone(b_ids)
-    a, b = new_reply(talker, a_ids), new_reply(talker, b_ids)
+    alone = frames_alone(a_ids), frames_alone(b_ids, sampled)
+    a, b = new_reply(talker, a_ids), new_reply(talker, b_ids, sampling=sampled)
     a.add_text([104, 105, 106, 107], final=True)
     b.add_text([104, 105, 106, 107], final=True)
     together_a, together_b = [], []
@@ -164,7 +167,9 @@ def test_replies_of_two_sessions_interleave_on_one_model_without_disturbing_each
         together_b.append(b.step())
 
     assert torch.equal(torch.stack(together_a), alone[0]) and torch.equal(torch.stack(together_b), alone[1])
-    assert talker.talker.rope_deltas is None  # the shared model state was never touched
+    # The shared model state generate() uses was never touched.
+    assert talker.talker.rope_deltas is None
+    assert talker.talker.code_predictor.generation_config.do_sample == predictor_do_sample
 
 
 def test_a_batched_step_of_several_replies_gives_each_the_frames_it_gets_alone(talker, tiny_checkpoint):
