@@ -168,7 +168,7 @@ class _Session:
         if self.settings.voice:
             session["audio"]["output"]["voice"] = self.settings.voice
         await ws.send(json.dumps({"type": "session.update", "session": session}))
-        await self._wait(self.updated, 30, "no session.updated")
+        await self._wait_updated(30)
         clock = _Pacer()
         for turn_index, utterance in enumerate(self.utterances):
             if self.closed.is_set():
@@ -200,11 +200,16 @@ class _Session:
                 await _append_bytes(ws, silence)
         self.result.client_lag_s = clock.worst_lag_s
 
-    async def _wait(self, event: asyncio.Event, timeout: float, error: str) -> None:
+    async def _wait_updated(self, timeout: float) -> None:
+        """Until `session.updated`; a server that closes first (e.g. `session_limit_reached`) ends the wait."""
+        waits = [asyncio.ensure_future(self.updated.wait()), asyncio.ensure_future(self.closed.wait())]
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            raise RuntimeError(error) from None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not self.updated.is_set():
+            raise RuntimeError("closed before session.updated" if self.closed.is_set() else "no session.updated")
 
     async def _receive(self, ws: Any) -> None:
         try:

@@ -77,3 +77,14 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
     assert "TTFA stop p50/95/99 ms" in out and "batch of 2" in out
     assert (tmp_path / "quick.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "quick.json").read_text())["server"]["url"] == server.base_url
+
+
+async def test_sessions_the_server_refuses_are_counted_as_errors_by_kind(tmp_path):
+    profile = realtime_profile(reply={"words": 2, "chunk_ms": 100}, limits={"max_sessions": 1})
+    async with running_server(profile) as server:
+        args = ["realtime", "--sessions", "2", "--turns", "1", "--stagger", "0.3", "--url", server.base_url, "--out", str(tmp_path), "--name", "refused", "--fixtures", "synthetic"]
+        assert await asyncio.to_thread(main, args) == 0
+    (level,) = report.load_json(tmp_path / "refused.json")["realtime"]["levels"]
+    assert level["turns_planned"] == 2 and level["turns_completed"] == 1
+    assert level["errors"]["by_kind"]["error: session_limit_reached"] == 1
+    assert level["server"]["cpu_percent"] is None  # no --server-pid: not ours to watch
