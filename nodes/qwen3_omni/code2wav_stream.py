@@ -30,7 +30,6 @@ audio that is already out ahead of the next chunk while the chunks grow.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -246,11 +245,3 @@ def push_many(pushes: list[tuple[Code2WavStream, torch.Tensor, bool]]) -> list[t
             stream.samples_out += int(samples.shape[1])
             stream.decodes += 1
     return results
-
-
-def frames_to_ms(frames: int, samples_per_frame: int = 1920) -> float:
-    return 1000.0 * frames * samples_per_frame / SAMPLE_RATE
-
-
-def ms_to_frames(ms: float, samples_per_frame: int = 1920) -> int:
-    return math.ceil(ms * SAMPLE_RATE / 1000.0 / samples_per_frame)
