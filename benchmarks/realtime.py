@@ -133,6 +133,9 @@ class _Session:
         self.updated = asyncio.Event()
         self.closed = asyncio.Event()
         self._replies: dict[str, Reply] = {}
+        # Set once the server said why (an `error` event, `session.closed`): the dropped connection
+        # that follows is the same failure, not another one.
+        self._explained: set[str] = set()
 
     async def run(self) -> SessionResult:
         from websockets.asyncio.client import connect
@@ -148,7 +151,8 @@ class _Session:
                     with contextlib.suppress(asyncio.CancelledError):
                         await receiver
         except Exception as exc:  # noqa: BLE001 - every failure is a counted error, not a crash
-            self.result.errors.append(f"connection: {type(exc).__name__}: {exc}"[:200])
+            if not self._explained:
+                self.result.errors.append(f"connection: {type(exc).__name__}: {exc}"[:200])
         return self.result
 
     async def _converse(self, ws: Any) -> None:
@@ -221,7 +225,9 @@ class _Session:
                 event = json.loads(raw)
                 self._on_event(event.get("type", ""), event, now)
         except Exception as exc:  # noqa: BLE001 - a dropped connection is an error of this session
-            self.result.errors.append(f"receive: {type(exc).__name__}")
+            if not self._explained:
+                self.result.errors.append(f"connection dropped: {type(exc).__name__}")
+                self._explained.add("dropped")
         finally:
             self.closed.set()
             self.turn_done.set()
@@ -232,9 +238,14 @@ class _Session:
             self.updated.set()
         elif kind == "error":
             error = event.get("error") or {}
-            self.result.errors.append(f"error: {error.get('code') or error.get('type')}")
+            code = str(error.get("code") or error.get("type"))
+            self.result.errors.append(f"error: {code}")
+            self._explained.add(code)
         elif kind == "session.closed":
-            self.result.errors.append(f"session.closed: {event.get('reason')}")
+            reason = str(event.get("reason"))
+            if reason not in self._explained:  # not the close that follows a fatal error event
+                self.result.errors.append(f"session.closed: {reason}")
+            self._explained.add(reason)
         elif turn is None:
             return
         elif kind == "input_audio_buffer.speech_started":
