@@ -87,7 +87,8 @@ class TalkerNode(Node):
             raise ValueError("the checkpoint has no talker (audio output disabled)")
         self.model = await self.context.compute.run(TalkerModel, self.omni.model)
         # One shared executor: the frames that sessions want at the same time run as one batch.
-        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=int(self.params.get("max_batch", 16)))
+        max_batch = int(self.params.get("max_batch", 16))
+        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch)
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
             max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),

@@ -548,8 +548,9 @@ def _forward_batched(replies: list[TalkerReply]) -> list[torch.Tensor]:
     batch = DynamicCache(config=talker.talker.config.text_config)
     for layer_index in range(len(replies[0]._cache.layers)):
         layers = [reply._cache.layers[layer_index] for reply in replies]
-        keys = layers[0].keys.new_zeros((len(replies), *layers[0].keys.shape[1:2], longest, layers[0].keys.shape[-1]))
-        values = layers[0].values.new_zeros((len(replies), *layers[0].values.shape[1:2], longest, layers[0].values.shape[-1]))
+        heads, head_dim = layers[0].keys.shape[1], layers[0].keys.shape[-1]
+        keys = layers[0].keys.new_zeros((len(replies), heads, longest, head_dim))
+        values = layers[0].values.new_zeros((len(replies), heads, longest, layers[0].values.shape[-1]))
         for row, (layer, length) in enumerate(zip(layers, lengths)):
             keys[row, :, longest - length :] = layer.keys[0]
             values[row, :, longest - length :] = layer.values[0]

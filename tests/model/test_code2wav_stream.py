@@ -95,7 +95,9 @@ def test_two_interleaved_streams_on_one_model_do_not_disturb_each_other(decoder)
 
 def test_streams_pushed_together_decode_as_one_batch_and_each_equals_its_one_shot_decode(decoder):
     """Streams at the same stage decoding as many frames share one conv pass; others decode apart."""
-    codes = [torch.randint(0, CODEBOOK, (14, QUANTIZERS), generator=torch.Generator().manual_seed(10 + i)) for i in range(4)]
+    codes = [
+        torch.randint(0, CODEBOOK, (14, QUANTIZERS), generator=torch.Generator().manual_seed(10 + i)) for i in range(4)
+    ]
     streams = [Code2WavStream(decoder, first_chunk_frames=1, chunk_frames=4) for _ in codes]
     start = [0, 0, 0, 3]  # the fourth stream starts three frames late
     outputs = [[] for _ in codes]

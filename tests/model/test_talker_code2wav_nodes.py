@@ -22,7 +22,12 @@ def profile(checkpoint, **talker_params):
         "nodes": {
             "talker": {
                 "type": "qwen3_omni.talker",
-                "params": {"resource": "omni", "sampling": {"do_sample": False}, "max_frames_per_token": 2, **talker_params},
+                "params": {
+                    "resource": "omni",
+                    "sampling": {"do_sample": False},
+                    "max_frames_per_token": 2,
+                    **talker_params,
+                },
             },
             "code2wav": {"type": "qwen3_omni.code2wav", "params": {"resource": "omni", "chunk_frames": 4}},
         },
@@ -66,7 +71,9 @@ def record_talker_inputs(runtime):
     """Every talker forward's inputs_embeds, in order (the codes alone barely depend on the text)."""
     calls = []
     model = runtime.resources["omni"].model.talker.model
-    handle = model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["inputs_embeds"][0].clone()), with_kwargs=True)
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["inputs_embeds"][0].clone()), with_kwargs=True
+    )
     return calls, handle
 
 
@@ -100,7 +107,9 @@ async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_the
     history = TalkerHistory(talker.model)
     prompt = torch.tensor(prompt_chunk(runtime).token_ids)
     history.add_prompt(prompt)
-    reply = TalkerReply(talker.model, history, prompt[-3:], speaker="chelsie", sampling=talker.sampling, limits=talker.limits)
+    reply = TalkerReply(
+        talker.model, history, prompt[-3:], speaker="chelsie", sampling=talker.sampling, limits=talker.limits
+    )
     reply.add_text([104, 105, 33], final=True, eos=True)  # TurnDone "completed": the text ended on EOS
     engine_inputs, handle = record_talker_inputs(runtime)
     assert np.array_equal(np.concatenate(frames), torch.stack([reply.step() for _ in range(6)]).numpy())
@@ -135,7 +144,8 @@ async def test_a_second_reply_after_turn_done_gets_its_own_stream(runtime):
     session = await runtime.open_session("s")
     for turn in (1, 2):
         await session.send("hidden", prompt_chunk(runtime, f"turn {turn}"))
-        await session.send("hidden", HiddenChunk(turn_id=turn, response_id=f"r{turn}", token_ids=(104, 105), final=True))
+        chunk = HiddenChunk(turn_id=turn, response_id=f"r{turn}", token_ids=(104, 105), final=True)
+        await session.send("hidden", chunk)
         await session.send("hidden", TurnDone(turn_id=turn, response_id=f"r{turn}"))
         out = await collect(session)
         audio = np.concatenate([m.samples for m in out if isinstance(m, AudioOut)])
