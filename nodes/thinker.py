@@ -2,7 +2,7 @@
 
     thinker: {type: qwen3_omni.thinker, params: {resource: omni, max_seq_len: 32768,
                                                  max_reply_tokens: 2048, sampling: {temperature: 0},
-                                                 warmup: true}}
+                                                 max_batch: 64, warmup: true}}
 
 Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
 - `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
@@ -21,9 +21,13 @@ Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
     when it was prefilled early, at commit).
 
 The per-session `ThinkerSession` (nodes/qwen3_omni/thinker_engine.py) keeps the KV cache across
-turns: a turn prefills only its own tokens. Each model call is one `compute.run`, so the event loop
-never computes and an `Interrupt` stops the reply before its next token. `thinker.model.rope_deltas`
-is never used (positions are per session), so sessions interleave freely on one model.
+turns (its row of the model's shared slot cache): a turn prefills only its own tokens. Every model
+call goes through the node's shared `ThinkerExecutor` (nodes/qwen3_omni/batched_thinker.py, one
+worker thread, `max_batch` calls per batch): the decode steps of all sessions that are ready at
+the same moment run as ONE forward, and a new turn's prefill runs chunk by chunk between decode
+steps (it holds in-flight replies for at most one chunk). The event loop never computes, and an
+`Interrupt` stops the reply before its next token. `thinker.model.rope_deltas` is never used
+(positions are per session), so sessions interleave freely on one model.
 
 Finish reasons -> TurnDone: EOS -> completed; the reply's `max_output_tokens` or the server's
 `max_reply_tokens` -> incomplete (`max_output_tokens`); the context's `max_seq_len` -> incomplete
@@ -44,6 +48,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import (
     Control,
     Embeddings,
@@ -59,6 +64,7 @@ from graph.messages import (
 )
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
 from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerError, ThinkerSession
 
 _STATUS = {
@@ -83,6 +89,7 @@ class Thinker(Node):
         code2wav = self.omni.config.code2wav_config
         upsample = math.prod(list(code2wav.upsample_rates) + list(code2wav.upsampling_ratios))
         self.frame_ms = 1000.0 * upsample / 24000.0
+        self.executor = ThinkerExecutor(self.context.compute, self.omni, max_batch=int(self.params.get("max_batch", 64)))
         if self.params.get("warmup", True):
             await self.context.compute.run(self._warm_up)
 
@@ -94,6 +101,7 @@ class Thinker(Node):
         session.prefill(build_turn_inputs(self.omni, text="Hello.", add_generation_prompt=True).tensors())
         while session.decode_step().finish_reason is None:
             pass
+        session.close()
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return ThinkerNodeSession(self, session)
@@ -111,6 +119,7 @@ class ThinkerNodeSession(NodeSession):
             node.omni, sampling, max_seq_len=node.max_seq_len, max_reply_tokens=node.max_reply_tokens
         )
         self.session_sampling = sampling
+        self.priority = PRIORITY_SPEECH if session.kind == "speech" else PRIORITY_REALTIME
         self.reply_key: tuple[int, str] | None = None  # (turn_id, response_id) of the reply streaming now
         self.last_reply_key: tuple[int, str] | None = None
         self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
@@ -146,7 +155,6 @@ class ThinkerNodeSession(NodeSession):
         if message.meta.get("speak"):
             await self._speak(message, emit)
             return
-        compute = self.node.context.compute
         await self._apply_truncate()
         reply = message.reply
         if reply is not None:
@@ -154,13 +162,14 @@ class ThinkerNodeSession(NodeSession):
             # From here on an Interrupt naming this reply reaches it, even during the prefill.
             self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
         try:
-            prefill = await compute.run(
-                lambda: self.engine.prefill(
+            prefill = await self.node.executor.call(
+                self.engine.prefill_work(
                     message.tensors,
                     reply=reply is not None,
                     out_of_band=bool(reply and reply.out_of_band),
                     max_reply_tokens=reply.max_output_tokens if reply is not None else None,
-                )
+                ),
+                self.priority,
             )
         except ThinkerError as error:
             if reply is not None:
@@ -193,14 +202,14 @@ class ThinkerNodeSession(NodeSession):
             await self._reply(message, reply, emit)
 
     async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit) -> None:
-        compute = self.node.context.compute
+        executor = self.node.executor
         base = {"session_id": message.session_id, "turn_id": message.turn_id, "media_ms": message.media_ms}
         wants_audio = "audio" in reply.output_modalities
         first = True
         unsent: tuple[int, ...] = ()  # tokens whose text is held back (an incomplete UTF-8 sequence)
         try:
             while True:
-                step = await compute.run(self.engine.decode_step)
+                step = await executor.decode(self.engine, self.priority)
                 ids = () if step.token_id is None else (step.token_id,)
                 unsent += ids
                 if step.text:
@@ -253,7 +262,7 @@ class ThinkerNodeSession(NodeSession):
     async def _apply_truncate(self) -> None:
         heard, self.pending_truncate = self.pending_truncate, None
         if heard is not None:
-            await self.node.context.compute.run(self.engine.truncate_reply, heard)
+            await self.node.executor.call(self.engine.truncate_work(heard), self.priority)
 
     async def _speak(self, message: Embeddings, emit: Emit) -> None:
         """A stateless speech request: the given text is the reply, spoken by the talker."""
@@ -293,3 +302,5 @@ class ThinkerNodeSession(NodeSession):
 
     async def close(self) -> None:
         self.engine.interrupt()
+        # Gives the session's KV row back; waits for a forward that uses it, so not on the loop.
+        await self.node.context.compute.run(self.engine.close)
