@@ -155,7 +155,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out)
     if "components" in scenarios:
         from benchmarks import components
-
         from benchmarks.server import ResourceMonitor
 
         with ResourceMonitor(os.getpid(), include_children=False) as harness:
@@ -180,7 +179,8 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
         context: Any = _Given(handle)
     else:
         log_path = out / f"{args.name}-server.log"
-        context = ManagedServer(args.config, max(sessions) if "realtime" in scenarios else 1, log_path, args.api_key)
+        needed = [*(sessions if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
+        context = ManagedServer(args.config, max(needed), log_path, args.api_key)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
         if "realtime" in scenarios:

@@ -11,8 +11,9 @@ Per turn it records when the user's audio ended, when `speech_stopped`, the repl
 `response.created`, each `response.output_audio.delta` (arrival time and duration) and
 `response.done` arrived; `summarize_level` turns those into the figures of the report.
 
-A turn belongs to the reply whose `response.created` follows the turn's last `speech_stopped`
-(if VAD split the sentence, earlier replies were interrupted: counted as `vad_splits`).
+A turn belongs to the reply whose `response.created` follows the turn's last `speech_stopped`,
+which must come after the user's audio ended (if VAD split the sentence, the earlier replies
+were interrupted: counted as `vad_splits`).
 """
 
 from __future__ import annotations
@@ -72,8 +73,19 @@ class TurnRecord:
 
     @property
     def complete(self) -> bool:
+        """The user's audio is all sent, VAD closed the turn after it, and that turn's reply is done.
+
+        The `speech_stopped` that ends the turn can only come after the audio ended (VAD must
+        hear the silence that follows): an earlier one is a pause inside the sentence.
+        """
         reply = self.reply
-        return self.user_audio_end is not None and reply is not None and reply.done_at is not None
+        return (
+            self.user_audio_end is not None
+            and self.speech_stopped_at is not None
+            and self.speech_stopped_at >= self.user_audio_end
+            and reply is not None
+            and reply.done_at is not None
+        )
 
     def metrics(self) -> dict[str, Any] | None:
         """This turn's figures, or None when it never got its reply."""
@@ -176,7 +188,8 @@ class _Session:
         clock = _Pacer()
         for turn_index, utterance in enumerate(self.utterances):
             if self.closed.is_set():
-                self.result.errors.append("closed_by_server")
+                if not self._explained:
+                    self.result.errors.append("closed_by_server")
                 return
             self.turn = TurnRecord(self.index, turn_index, user_audio_start=time.perf_counter())
             self.turn_done.clear()

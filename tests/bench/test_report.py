@@ -72,6 +72,16 @@ def test_a_turn_answered_only_by_an_interrupted_earlier_reply_has_no_metrics():
     assert metrics["output_rtf"] == pytest.approx(0.8 / 0.6)
 
 
+def test_a_pause_inside_the_sentence_does_not_end_the_turn():
+    # VAD stopped at 1.5 s, inside the sentence (the audio ran until 2.0 s) and a reply started.
+    turn = TurnRecord(0, 0, user_audio_end=2.0, speech_started=1, speech_stopped_at=1.5)
+    turn.replies.append(Reply("resp_early", created_at=1.6, first_audio_at=1.7, done_at=1.9, status="completed"))
+    assert not turn.complete and turn.metrics() is None
+    turn.speech_started, turn.speech_stopped_at = 2, 2.6  # the real end of the turn
+    turn.replies.append(Reply("resp_final", created_at=2.6, first_audio_at=2.7, done_at=3.0, status="completed", chunks=[(2.7, 0.3)]))
+    assert turn.complete and turn.reply.response_id == "resp_final"
+
+
 def test_a_valid_report_passes_and_a_broken_one_names_what_is_wrong():
     report.validate(_doc())
     broken = _doc()
