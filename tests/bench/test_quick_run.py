@@ -50,9 +50,10 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
         assert ttfa["n"] == sessions and 0 < ttfa["p50"] <= ttfa["p95"] <= ttfa["p99"]
         # The user's audio ends before VAD can call it (a silence window later): TTFA from the end of audio is longer.
         assert level["ttfa_from_user_audio_end_ms"]["p50"] > ttfa["p50"]
-        # The fake reply is 4 chunks of 200 ms, all arriving well inside real time.
+        # The fake reply is 4 chunks of 200 ms; every turn was played by the simulated player.
         assert level["reply_audio_s"]["p50"] == 0.8
-        assert level["underruns"]["total"] == 0 and level["underruns"]["total_with_100ms_buffer"] == 0
+        assert level["underruns"]["stall_ms"]["n"] == sessions
+        assert level["underruns"]["total_with_100ms_buffer"] <= level["underruns"]["total"]  # a buffer only helps
         assert level["client_cpu_percent"] is not None and level["server"]["machine_cpu_percent"] is not None
         assert level["events_per_s"] > 0 and level["generation_text_tok_per_s"] > 0  # 4 words a reply
         assert level["server"]["rss_mb"] > 0
