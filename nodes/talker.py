@@ -57,6 +57,7 @@ from nodes.qwen3_omni.talker_engine import (
     TalkerModel,
     TalkerReply,
     TalkerSampling,
+    prefill_user_turns,
     step_replies,
 )
 
@@ -175,6 +176,9 @@ class TalkerSession(NodeSession):
         else:
             ids = torch.as_tensor(chunk.token_ids, dtype=torch.long)
             history.add_prompt(ids, tensors.get("mm_hidden"), *grids)
+        # While the thinker works on its first token, the talker takes the new user turns in, so the
+        # reply's own talker prefill is just its 9-position assistant block.
+        prefill_user_turns(history)
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)

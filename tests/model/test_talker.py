@@ -12,6 +12,7 @@ from nodes.qwen3_omni.talker_engine import (
     TalkerModel,
     TalkerReply,
     TalkerSampling,
+    prefill_user_turns,
     step_replies,
 )
 
@@ -258,3 +259,22 @@ def test_a_later_reply_prefills_only_the_user_turns_that_are_new_since_the_last_
     assert fresh[1][0].prefill_tokens == users + 9
     assert torch.equal(second_frames, fresh[1][1]) and torch.equal(kept[0][1], fresh[0][1])
     assert torch.allclose(second_hidden, fresh[1][3], rtol=0, atol=1e-5)
+
+
+def test_user_turns_put_through_the_talker_before_the_reply_leave_it_only_the_assistant_block(talker, prompt_ids):
+    warmed, cold = TalkerHistory(talker), TalkerHistory(talker)
+    for history in (warmed, cold):
+        history.add_prompt(prompt_ids)
+    assert prefill_user_turns(warmed) == warmed.user_length
+    assert prefill_user_turns(warmed) == 0  # nothing new since
+
+    outputs = []
+    for history in (warmed, cold):
+        reply = TalkerReply(talker, history, prompt_ids[-3:], sampling=GREEDY)
+        reply.add_text([104, 105, 106], final=True)
+        frames = torch.stack([reply.step() for _ in range(3)])
+        outputs.append((reply.prefill_tokens, frames, reply.last_hidden))
+
+    assert outputs[0][0] == 9 and outputs[1][0] == cold.user_length + 9
+    assert torch.equal(outputs[0][1], outputs[1][1])
+    assert torch.allclose(outputs[0][2], outputs[1][2], rtol=0, atol=1e-5)

@@ -11,7 +11,7 @@ import torch
 from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder
-from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply
+from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, prefill_user_turns
 
 
 def profile(checkpoint, **talker_params):
@@ -106,16 +106,18 @@ async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_the
     talker = runtime.nodes["talker"]
     history = TalkerHistory(talker.model)
     prompt = torch.tensor(prompt_chunk(runtime).token_ids)
+    engine_inputs, handle = record_talker_inputs(runtime)
     history.add_prompt(prompt)
+    prefill_user_turns(history)  # as the node does when the prompt arrives
     reply = TalkerReply(
         talker.model, history, prompt[-3:], speaker="chelsie", sampling=talker.sampling, limits=talker.limits
     )
     reply.add_text([104, 105, 33], final=True, eos=True)  # TurnDone "completed": the text ended on EOS
-    engine_inputs, handle = record_talker_inputs(runtime)
     assert np.array_equal(np.concatenate(frames), torch.stack([reply.step() for _ in range(6)]).numpy())
     assert reply.step() is None
     handle.remove()
-    assert len(node_inputs) == len(engine_inputs) == 6
+    assert len(node_inputs) == len(engine_inputs) == 1 + 6  # the user turn ahead of the reply, then 6 frames
+    assert node_inputs[1].shape[0] == 9  # the reply's prefill: its assistant block only
     assert all(torch.equal(a, b) for a, b in zip(node_inputs, engine_inputs))
     await session.close()
 
