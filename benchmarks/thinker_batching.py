@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.thinker_batching [--sessions 1,4,16] [--tokens 32] [--scale 1]
                                                     [--mode per-session|batched|both] [--json OUT]
 
-Each of N sessions gets its own conversation (prefixes of different lengths, 40..~800 tokens,
+Each of N sessions gets its own conversation (prefixes of different lengths, ~60..800 tokens,
 prefilled before the clock starts), then all N decode `--tokens` reply tokens at once from N
 asyncio tasks, as N live sessions' thinker nodes do:
 
@@ -46,7 +46,7 @@ def _sessions(omni: Any, count: int, tokens: int) -> list[Any]:
 
     sessions = []
     for index in range(count):
-        words = 8 + (index * 37) % 190  # prefixes of different lengths, ~40..800 tokens
+        words = 8 + (index * 37) % 118  # prefixes of different lengths, ~60..800 tokens
         text = " ".join(f"word{(index + w) % 97}" for w in range(words))
         turn = build_turn_inputs(omni, system_prompt="You are terse.", text=text, add_generation_prompt=True)
         session = ThinkerSession(omni, max_reply_tokens=tokens + 1, max_seq_len=4096)
@@ -76,14 +76,21 @@ async def _decode_all(omni: Any, sessions: list[Any], tokens: int, mode: str) ->
     try:
         started = time.perf_counter()
         await asyncio.gather(*(one(s) for s in sessions))
-        return time.perf_counter() - started
+        wall = time.perf_counter() - started
+        if executor is not None:
+            _last_batches["steps_per_batch"] = round(executor.batcher.items_run / max(1, executor.batcher.batches_run), 2)
+        return wall
     finally:
         compute.shutdown()
+
+
+_last_batches: dict[str, float] = {}
 
 
 def measure(omni: Any, count: int, tokens: int, mode: str) -> dict[str, Any]:
     sessions = _sessions(omni, count, tokens)
     load_before = os.getloadavg()[0]
+    _last_batches.clear()
     wall = asyncio.run(_decode_all(omni, sessions, tokens, mode))
     for session in sessions:
         session.close() if hasattr(session, "close") else None
@@ -93,6 +100,7 @@ def measure(omni: Any, count: int, tokens: int, mode: str) -> dict[str, Any]:
         "tokens_per_session": tokens,
         "tok_per_s": round(count * tokens / wall, 1),
         "ms_per_step": round(wall / tokens * 1000, 2),
+        "steps_per_batch": _last_batches.get("steps_per_batch"),
         "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cpus": os.cpu_count(),
     }
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             row["scale"] = args.scale
             rows.append(row)
             print(f"scale={args.scale} {mode:11s} N={count:3d}  {row['tok_per_s']:9.1f} tok/s  "
-                  f"{row['ms_per_step']:8.2f} ms/step  load {row['load_1min'][0]}->{row['load_1min'][1]} "
+                  f"{row['ms_per_step']:8.2f} ms/step  steps/batch {row['steps_per_batch']}  load {row['load_1min'][0]}->{row['load_1min'][1]} "
                   f"({row['cpus']} cpus)", flush=True)
     if args.json:
         with open(args.json, "w") as out:
