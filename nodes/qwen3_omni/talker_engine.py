@@ -25,8 +25,9 @@ Shared model state is left alone: positions are passed explicitly (so `talker.ro
 never read or written) and the code predictor is driven directly (its
 `generation_config.do_sample` is neither read nor written), so replies of many sessions can
 interleave on one model. `step_replies` steps the replies of many sessions at once: one talker
-decode forward for all (their KV caches, of different lengths, left-padded for that forward) and
-one batched code predictor (it starts afresh every frame with the same shapes for every reply).
+decode forward for all (each reply's decode KV is a row of a shared slot cache, rows of different
+lengths side by side: talker_slots.py) and one batched code predictor (it starts afresh every
+frame with the same shapes for every reply).
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
 text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a
@@ -55,6 +56,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
+from nodes.qwen3_omni.talker_slots import TalkerSlots
 
 __all__ = [
     "TalkerHistory",
@@ -287,7 +289,9 @@ class TalkerReply:
         self.finished = False
         self.finish_reason: str | None = None
         self._cancelled = False
-        self._cache: DynamicCache | None = None
+        self._cache: DynamicCache | None = None  # the prefill's KV (what the history keeps)
+        self._slot: int | None = None  # the decode steps' KV row in the shared TalkerSlots
+        self._slot_release: Any = None
         self._last_hidden: torch.Tensor | None = None  # talker output at the last position [1, 1, D]
         self._next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
         self._last_position: torch.Tensor | None = None  # [4, 1, 1]
@@ -354,7 +358,7 @@ class TalkerReply:
         phase = self._next_phase()
         if phase is None:
             return None
-        logits = self._prefill() if phase == "prefill" else self._forward(self._next_input())
+        logits = self._prefill() if phase == "prefill" else TalkerSlots.for_model(self.talker).forward([self])[0]
         return self._code_from(logits)
 
     def _next_phase(self) -> str | None:
@@ -392,6 +396,7 @@ class TalkerReply:
             self.finished = True
             self.finish_reason = reason
             self._cache = None  # free the KV cache now; the reply object may live on
+            TalkerSlots.leave(self)
 
     # ------------------------------------------------------------------ compute
 
@@ -524,10 +529,10 @@ def prefill_user_turns(history: TalkerHistory) -> int:
 def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseException]:
     """One step of many replies (of any sessions) at once: their next frames, in order.
 
-    Prefills run one by one. Decode steps run as one batched talker forward (each reply's KV
-    cache is left-padded to the longest for that forward, and the new position appended back to
-    its own cache), and the code predictor, which starts afresh every frame with the same shapes
-    for everyone, runs batched too. A reply whose own work fails gets its exception back alone.
+    Prefills run one by one. Decode steps run as one batched talker forward over the replies'
+    rows of the shared slot cache (a reply joins it at its first decode step), and the code
+    predictor, which starts afresh every frame with the same shapes for everyone, runs batched
+    too. A reply whose own work fails gets its exception back alone.
     """
     results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
     logits: dict[int, torch.Tensor] = {}
@@ -541,12 +546,14 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
                 decoding.append(index)
         except Exception as exc:  # noqa: BLE001 - fails that reply's session only
             results[index] = exc
-    if len(decoding) == 1:
-        reply = replies[decoding[0]]
-        logits[decoding[0]] = reply._forward(reply._next_input())
-    elif decoding:
-        batched = _forward_batched([replies[index] for index in decoding])
-        logits.update(zip(decoding, batched))
+    if decoding:
+        try:
+            batched = TalkerSlots.for_model(replies[0].talker).forward([replies[index] for index in decoding])
+        except Exception as exc:  # noqa: BLE001 - the forward failed for all its replies
+            for index in decoding:
+                results[index] = exc
+        else:
+            logits.update(zip(decoding, batched))
     started: list[tuple[int, TalkerReply, int]] = []
     for index in sorted(logits):
         try:
@@ -562,40 +569,6 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
             reply.frames += 1
             results[index] = frame
     return results
-
-
-def _forward_batched(replies: list[TalkerReply]) -> list[torch.Tensor]:
-    """One talker decode forward for several replies whose caches have different lengths."""
-    talker = replies[0].talker
-    device = talker.device
-    embeds = torch.cat([reply._next_input() for reply in replies], dim=0)  # [B, 1, D]
-    positions = torch.cat([reply._last_position + 1 for reply in replies], dim=1)  # [4, B, 1]
-    lengths = [reply._cache.get_seq_length() for reply in replies]
-    longest = max(lengths)
-    batch = DynamicCache(config=talker.talker.config.text_config)
-    for layer_index in range(len(replies[0]._cache.layers)):
-        layers = [reply._cache.layers[layer_index] for reply in replies]
-        heads, head_dim = layers[0].keys.shape[1], layers[0].keys.shape[-1]
-        keys = layers[0].keys.new_zeros((len(replies), heads, longest, head_dim))
-        values = layers[0].values.new_zeros((len(replies), heads, longest, layers[0].values.shape[-1]))
-        for row, (layer, length) in enumerate(zip(layers, lengths)):
-            keys[row, :, longest - length :] = layer.keys[0]
-            values[row, :, longest - length :] = layer.values[0]
-        batch.update(keys, values, layer_index)
-    mask = torch.zeros((len(replies), longest + 1), dtype=torch.long, device=device)
-    for row, length in enumerate(lengths):
-        mask[row, longest - length :] = 1
-    out = talker.talker.model(
-        inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=batch, use_cache=True
-    )
-    hidden = out.last_hidden_state  # [B, 1, D]
-    logits = talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
-    for row, reply in enumerate(replies):
-        for layer_index, layer in enumerate(batch.layers):
-            reply._cache.update(layer.keys[row : row + 1, :, -1:], layer.values[row : row + 1, :, -1:], layer_index)
-        reply._last_hidden = hidden[row : row + 1, -1:]
-        reply._last_position = positions[:, row : row + 1, -1:]
-    return [logits[row : row + 1] for row in range(len(replies))]
 
 
 def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> list[torch.Tensor]:

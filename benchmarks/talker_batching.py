@@ -1,0 +1,102 @@
+"""Aggregate talker frames/s (talker + code predictor) at N concurrent replies, batched or alone.
+
+    .venv/bin/python -m benchmarks.talker_batching [--sessions 1,4,16] [--frames 24] [--scale 1]
+
+N sessions, each with its own user turn (20..~400 talker positions) and a reply whose text is
+all there, step their replies for `--frames` frames:
+
+- `alone`: each reply's frame is its own `step_replies([reply])` call (one talker forward and
+  one code-predictor pass per session per frame);
+- `batched`: one `step_replies(all_replies)` per frame, as the talker node's shared executor
+  runs the frames that sessions want at the same moment.
+
+Reported: frames/s over all sessions, and the machine's load average (the machine is shared).
+`--scale N`: the larger random profile (`build_tiny_checkpoint(scale=N)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from benchmarks.thinker_batching import _load
+
+
+def _replies(omni: Any, talker: Any, count: int, frames: int) -> list[Any]:
+    import torch
+
+    from nodes.qwen3_omni.inputs import build_turn_inputs
+    from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerLimits, TalkerReply, TalkerSampling
+
+    replies = []
+    for index in range(count):
+        words = 3 + (index * 11) % 60
+        text = " ".join(f"word{(index + w) % 97}" for w in range(words))
+        prompt = build_turn_inputs(omni, system_prompt="You are terse.", text=text, add_generation_prompt=True)
+        history = TalkerHistory(talker)
+        history.add_prompt(torch.tensor(prompt.input_ids, dtype=torch.long), None)
+        reply_ids = omni.tokenizer(" ".join(["hello there"] * 20), add_special_tokens=False).input_ids
+        reply = TalkerReply(talker, history, history.assistant_header() or list(omni.tokens.assistant_header),
+                            sampling=TalkerSampling(do_sample=False), limits=TalkerLimits(max_frames=frames + 2))
+        history.add_reply(reply_ids)
+        reply.add_text(reply_ids, final=True)
+        replies.append(reply)
+    return replies
+
+
+def measure(omni: Any, talker: Any, count: int, frames: int, mode: str) -> dict[str, Any]:
+    from nodes.qwen3_omni.talker_engine import step_replies
+
+    replies = _replies(omni, talker, count, frames)
+    step_replies(replies)  # prefills (not timed)
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    for _ in range(frames):
+        if mode == "batched":
+            results = step_replies(replies)
+        else:
+            results = [step_replies([reply])[0] for reply in replies]
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+    wall = time.perf_counter() - started
+    return {
+        "mode": mode,
+        "sessions": count,
+        "frames_per_session": frames,
+        "frames_per_s": round(count * frames / wall, 1),
+        "ms_per_frame_step": round(wall / frames * 1000, 2),
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", default="1,4,16")
+    parser.add_argument("--frames", type=int, default=24)
+    parser.add_argument("--scale", type=int, default=1)
+    parser.add_argument("--mode", default="both", choices=("alone", "batched", "both"))
+    args = parser.parse_args(argv)
+    import torch
+
+    from nodes.qwen3_omni.talker_engine import TalkerModel
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    omni = _load(args.scale)
+    talker = TalkerModel(omni.model)
+    measure(omni, talker, 2, 4, "batched")  # warm-up
+    modes = ("alone", "batched") if args.mode == "both" else (args.mode,)
+    for mode in modes:
+        for count in (int(n) for n in args.sessions.split(",")):
+            row = measure(omni, talker, count, args.frames, mode)
+            print(f"scale={args.scale} talker {mode:8s} N={count:3d}  {row['frames_per_s']:8.1f} frames/s  "
+                  f"{row['ms_per_frame_step']:8.2f} ms/step  load {row['load_1min'][0]}->{row['load_1min'][1]} "
+                  f"({row['cpus']} cpus)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

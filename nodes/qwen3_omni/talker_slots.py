@@ -1,0 +1,94 @@
+"""Talker decode steps of many replies in one forward, on a slot cache (no re-packing per step).
+
+The talker's prefill (a session's user turns + the 9-position assistant block) runs per reply on
+its own `DynamicCache` (that cache is what `TalkerHistory` keeps between replies: the user
+turns' KV). At its first decode step a reply JOINS the shared `SlotKVCache` (slot_cache.py): its
+prefill KV is copied into a free row once. Every decode step after that writes one column into
+that row, and the decode steps of all replies that are ready at once run as one forward over
+their rows (4-D mask, rows of different lengths side by side). The reply gives its row back when
+it finishes (or is garbage). Its `DynamicCache` is never extended by decode steps, so what the
+history keeps is exactly the prefill's KV.
+
+Before this, each batched step copied every reply's whole KV into a fresh left-padded
+`DynamicCache` and the new column back: O(context) copies per reply per frame.
+
+Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
+through): tests/model/test_talker.py's batched-vs-alone and test_generate_equivalence.py guard it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nodes.qwen3_omni.slot_cache import SlotKVCache
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.talker_engine import TalkerModel, TalkerReply
+
+
+class TalkerSlots:
+    """The talker's shared decode cache (one per talker model)."""
+
+    _by_model: weakref.WeakKeyDictionary[Any, TalkerSlots] = weakref.WeakKeyDictionary()
+
+    def __init__(self, talker: TalkerModel, slots: int = 4, capacity: int = 256):
+        self.talker = talker
+        weight = talker.talker.codec_head.weight
+        self.cache = SlotKVCache.for_text_config(
+            talker.talker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity
+        )
+        self.forwards = 0
+
+    @classmethod
+    def for_model(cls, talker: TalkerModel) -> TalkerSlots:
+        key = talker.talker
+        slots = cls._by_model.get(key)
+        if slots is None:
+            slots = cls._by_model.setdefault(key, cls(talker))
+        return slots
+
+    def join(self, reply: TalkerReply) -> int:
+        """Copy the reply's prefill KV into a free row; the row is the reply's until `leave`."""
+        cache = self.cache
+        with cache.lock:
+            slot = cache.acquire()
+            layers = reply._cache.layers
+            cache.load(slot, [layer.keys for layer in layers], [layer.values for layer in layers])
+        reply._slot = slot
+        reply._slot_release = weakref.finalize(reply, cache.release, slot)
+        return slot
+
+    @staticmethod
+    def leave(reply: TalkerReply) -> None:
+        release = getattr(reply, "_slot_release", None)
+        if release is not None:
+            release()  # once; the row may go to another reply right after
+        reply._slot = None
+        reply._slot_release = None
+
+    @torch.inference_mode()
+    def forward(self, replies: list[TalkerReply]) -> list[torch.Tensor]:
+        """One talker decode forward for `replies` (each joins a row first if it has none) ->
+        codec logits `[1, vocab]` per reply; sets each reply's last hidden state and position."""
+        for reply in replies:
+            if getattr(reply, "_slot", None) is None:
+                self.join(reply)
+        talker = self.talker
+        embeds = torch.cat([reply._next_input() for reply in replies], dim=0)  # [B, 1, D]
+        positions = torch.cat([reply._last_position + 1 for reply in replies], dim=1)  # [4, B, 1]
+        with self.cache.lock:
+            batch = self.cache.batch([reply._slot for reply in replies], 1)
+            out = talker.talker.model(
+                inputs_embeds=embeds, position_ids=positions, attention_mask=batch.mask, cache=batch, use_cache=True
+            )
+            batch.commit()
+        self.forwards += 1
+        hidden = out.last_hidden_state  # [B, 1, D]
+        logits = talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
+        for row, reply in enumerate(replies):
+            reply._last_hidden = hidden[row : row + 1, -1:]
+            reply._last_position = positions[:, row : row + 1, -1:]
+        return [logits[row : row + 1] for row in range(len(replies))]
