@@ -77,24 +77,28 @@ class ThinkerRunner:
     _by_model: weakref.WeakKeyDictionary[Any, ThinkerRunner] = weakref.WeakKeyDictionary()
 
     def __init__(self, omni: OmniModel, slots: int = 4, capacity: int = 256):
+        """`slots` x `capacity` tokens are allocated now; rows and columns grow on demand after
+        (columns up to the model's `max_seq_len` bound, unless a session's own bound is larger)."""
         self.thinker = omni.thinker
         self.language_model = self.thinker.model.language_model
         self.embed_tokens = self.thinker.get_input_embeddings()
         self.device = omni.device
         weight = self.thinker.lm_head.weight
         self.cache = SlotKVCache.for_text_config(
-            self.thinker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity
+            self.thinker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity,
+            max_capacity=getattr(getattr(omni, "bounds", None), "max_seq_len", None),
         )
         self.forwards = 0  # model calls (for tests and metrics)
         self.rows_forwarded = 0
 
     @classmethod
-    def for_model(cls, omni: OmniModel) -> ThinkerRunner:
-        """The runner (and slot cache) shared by every session of this model."""
+    def for_model(cls, omni: OmniModel, **sizes: int) -> ThinkerRunner:
+        """The runner (and slot cache) shared by every session of this model; `sizes` (slots,
+        capacity) apply when this call creates it."""
         key = omni.thinker
         runner = cls._by_model.get(key)
         if runner is None:
-            runner = cls._by_model.setdefault(key, cls(omni))
+            runner = cls._by_model.setdefault(key, cls(omni, **sizes))
         return runner
 
     @torch.inference_mode()
@@ -260,8 +264,8 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
 class ThinkerExecutor:
     """The shared thinker executor: sessions' model calls, batched across sessions."""
 
-    def __init__(self, compute: Any, omni: OmniModel, max_batch: int = 64, name: str = "thinker"):
-        self.runner = ThinkerRunner.for_model(omni)
+    def __init__(self, compute: Any, omni: OmniModel, max_batch: int = 64, name: str = "thinker", **sizes: int):
+        self.runner = ThinkerRunner.for_model(omni, **sizes)
         self.batcher = compute.batcher(name, lambda calls: run_calls(self.runner, calls), max_batch=max_batch)
 
     async def call(self, work: Work, priority: int = PRIORITY_REALTIME) -> Any:

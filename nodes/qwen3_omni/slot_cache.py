@@ -19,9 +19,12 @@ columns `0 .. length_b + i` only. So rows of different lengths run in one forwar
 re-packing anything, and each row's result equals its own unbatched forward (to float rounding:
 the padded columns contribute exact zeros after softmax).
 
-Capacity and slot count grow on demand (doubling, copying the buffers); nothing shrinks. A
-real deployment sizes them up front (`slots` = max sessions, `capacity` = max_seq_len) and the
-KV budget then is `slots * capacity` tokens.
+Capacity and slot count grow on demand (doubling, copying the buffers; capacity never past
+`max_capacity` unless a row needs more); nothing shrinks. Dense rows cost `slots * capacity`
+tokens of KV, which is exactly the admission budget (`max_sessions = kv_tokens / max_seq_len`,
+graph/limits.py). A GPU deployment should size them up front (`slots` = max sessions,
+`capacity` = max_seq_len: the thinker node's `kv_slots` / `kv_capacity`), because a growth step
+holds the old and the new buffers at once.
 
 transformers coupling (pinned to 5.24.0 in pyproject): `SlotBatch` is not a `transformers`
 `Cache`; it relies on (a) the attention layers calling `cache.update(key, value, layer_idx,
@@ -44,7 +47,8 @@ import torch
 
 class SlotKVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
-                 slots: int = 4, capacity: int = 256):
+                 slots: int = 4, capacity: int = 256, max_capacity: int | None = None):
+        self.max_capacity = max_capacity
         self.num_layers = layers
         self.kv_heads = kv_heads
         self.head_dim = head_dim
@@ -132,6 +136,8 @@ class SlotKVCache:
             capacity = self.capacity
             while capacity < needed:
                 capacity *= 2
+            if self.max_capacity is not None:
+                capacity = max(needed, min(capacity, self.max_capacity))
             self._grow(capacity=capacity)
 
     def _grow(self, slots: int | None = None, capacity: int | None = None) -> None:
