@@ -309,4 +309,7 @@ class ThinkerNodeSession(NodeSession):
     async def close(self) -> None:
         self.engine.interrupt()
         # Gives the session's KV row back; waits for a forward that uses it, so not on the loop.
-        await self.node.context.compute.run(self.engine.close)
+        try:
+            await self.node.context.compute.run(self.engine.close)
+        except RuntimeError:  # the compute pool is already shut down: no forward can be running
+            self.engine.close()
