@@ -6,6 +6,10 @@
 work of many sessions goes through one forward. torch and onnxruntime release the GIL while they
 compute, so the event loop keeps moving messages meanwhile.
 
+Batch formation: with `linger_s` > 0, a worker that finds fewer items queued than its last batch
+held waits up to `linger_s` for the rest (sessions that got a step's result usually resubmit at
+once; without the wait the first one back starts a batch of one). 0 (the default) never waits.
+
 Priority: lower numbers go first. Live sessions submit at `PRIORITY_REALTIME`; stateless speech
 requests at `PRIORITY_SPEECH`, so they fill batches but never push live sessions out of one.
 """
@@ -17,6 +21,7 @@ import concurrent.futures
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -40,8 +45,9 @@ class ComputePool:
         name: str,
         batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]],
         max_batch: int = 32,
+        linger_s: float = 0.0,
     ) -> Batcher[Item, Result]:
-        batcher: Batcher[Item, Result] = Batcher(name, batch_fn, max_batch)
+        batcher: Batcher[Item, Result] = Batcher(name, batch_fn, max_batch, linger_s)
         self._batchers.append(batcher)
         return batcher
 
@@ -67,8 +73,11 @@ class Batcher(Generic[Item, Result]):
     fails that item alone. If `batch_fn` itself raises, every item of that batch fails with it.
     """
 
-    def __init__(self, name: str, batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]], max_batch: int):
+    def __init__(self, name: str, batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]], max_batch: int,
+                 linger_s: float = 0.0):
         self.name = name
+        self._linger_s = linger_s
+        self._last_batch = 0
         self._batch_fn = batch_fn
         self._max_batch = max_batch
         self._queue: list[tuple[int, int, _Pending]] = []
@@ -105,11 +114,19 @@ class Batcher(Generic[Item, Result]):
                 self._ready.wait()
             if self._closed and not self._queue:
                 return None
+            if self._linger_s > 0:
+                deadline = time.monotonic() + self._linger_s
+                wanted = min(self._last_batch, self._max_batch)
+                while len(self._queue) < wanted and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._ready.wait(left):
+                        break
             batch: list[_Pending] = []
             while self._queue and len(batch) < self._max_batch:
                 _, _, pending = heapq.heappop(self._queue)
                 if not pending.future.done():  # cancelled callers drop out here
                     batch.append(pending)
+            self._last_batch = len(batch)
             return batch
 
     def _work(self) -> None:

@@ -2,7 +2,7 @@
 
     thinker: {type: qwen3_omni.thinker, params: {resource: omni, max_seq_len: 32768,
                                                  max_reply_tokens: 2048, sampling: {temperature: 0},
-                                                 max_batch: 64, kv_slots: 4, kv_capacity: 256,
+                                                 max_batch: 64, batch_linger_ms: 2, kv_slots: 4, kv_capacity: 256,
                                                  warmup: true}}
 
 Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
@@ -26,7 +26,9 @@ turns (its row of the model's shared slot cache): a turn prefills only its own t
 call goes through the node's shared `ThinkerExecutor` (nodes/qwen3_omni/batched_thinker.py, one
 worker thread, `max_batch` calls per batch): the decode steps of all sessions that are ready at
 the same moment run as ONE forward, and a new turn's prefill runs chunk by chunk between decode
-steps (it holds in-flight replies for at most one chunk). `kv_slots` x `kv_capacity` tokens of
+steps (it holds in-flight replies for at most one chunk). When fewer sessions are queued than
+the last batch held, the worker waits up to `batch_linger_ms` for the others to resubmit (the
+first one back would otherwise start a batch of one). `kv_slots` x `kv_capacity` tokens of
 KV are allocated at start and grow on demand; on a GPU set them to the session cap and
 `max_seq_len` so that no growth step ever holds two copies. The event loop never computes, and an
 `Interrupt` stops the reply before its next token. `thinker.model.rope_deltas` is never used
@@ -95,6 +97,7 @@ class Thinker(Node):
         self.executor = ThinkerExecutor(
             self.context.compute, self.omni, max_batch=int(self.params.get("max_batch", 64)),
             slots=int(self.params.get("kv_slots", 4)), capacity=int(self.params.get("kv_capacity", 256)),
+            linger_s=float(self.params.get("batch_linger_ms", 2.0)) / 1000.0,
         )
         if self.params.get("warmup", True):
             await self.context.compute.run(self._warm_up)

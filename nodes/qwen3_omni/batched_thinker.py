@@ -264,9 +264,13 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
 class ThinkerExecutor:
     """The shared thinker executor: sessions' model calls, batched across sessions."""
 
-    def __init__(self, compute: Any, omni: OmniModel, max_batch: int = 64, name: str = "thinker", **sizes: int):
+    def __init__(self, compute: Any, omni: OmniModel, max_batch: int = 64, name: str = "thinker",
+                 linger_s: float = 0.002, **sizes: int):
+        """`linger_s`: how long the worker waits for the sessions of its last batch to come back
+        before it runs a smaller one (graph/executor.py)."""
         self.runner = ThinkerRunner.for_model(omni, **sizes)
-        self.batcher = compute.batcher(name, lambda calls: run_calls(self.runner, calls), max_batch=max_batch)
+        self.batcher = compute.batcher(name, lambda calls: run_calls(self.runner, calls), max_batch=max_batch,
+                                       linger_s=linger_s)
 
     async def call(self, work: Work, priority: int = PRIORITY_REALTIME) -> Any:
         """Run one session's call (a generator from `ThinkerSession.*_work`) to its result."""

@@ -1,0 +1,42 @@
+"""Batch formation: a Batcher with `linger_s` waits for the sessions of its last batch to come back."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from graph.executor import ComputePool
+
+
+def test_a_lingering_batcher_gathers_the_sessions_of_its_last_batch_again():
+    sizes: list[int] = []
+    release = threading.Event()
+
+    def batch_fn(items):
+        if "hold" in items:
+            release.wait(5)
+        sizes.append(len(items))
+        return items
+
+    async def main():
+        compute = ComputePool(threads=1)
+        batcher = compute.batcher("linger-test", batch_fn, max_batch=8, linger_s=5.0)
+        try:
+            held = asyncio.ensure_future(batcher.submit("hold"))
+            await asyncio.sleep(0.01)  # the worker has taken "hold" and waits on it
+            first = [asyncio.ensure_future(batcher.submit(i)) for i in range(4)]
+            await asyncio.sleep(0.01)
+            release.set()
+            await asyncio.gather(held, *first)
+            assert sizes == [1, 4]
+            # The four come back one by one, 10 ms apart: still one batch (the worker lingers).
+            second = []
+            for i in range(4):
+                second.append(asyncio.ensure_future(batcher.submit(10 + i)))
+                await asyncio.sleep(0.01)
+            assert await asyncio.gather(*second) == [10, 11, 12, 13]
+        finally:
+            compute.shutdown()
+
+    asyncio.run(main())
+    assert sizes == [1, 4, 4]
