@@ -149,11 +149,13 @@ class _Row:
     """The session's view of its KV row (what a `DynamicCache` answered before)."""
 
     def __init__(self, session: ThinkerSession):
-        self._session = session
+        self._session = weakref.ref(session)  # no cycle: a dropped session frees its row at once
 
     def get_seq_length(self) -> int:
-        slot = self._session._slot
-        return 0 if slot is None else self._session._runner.cache.length(slot)
+        session = self._session()
+        if session is None or session._slot is None:
+            return 0
+        return session._runner.cache.length(session._slot)
 
 
 class ThinkerSession:
