@@ -2,7 +2,7 @@
 
     talker: {type: qwen3_omni.talker, params: {resource: omni, sampling: {do_sample: false},
                                                voices: {alloy: ethan}, max_frames_per_token: 8,
-                                               max_reply_frames: 4096, max_batch: 16,
+                                               max_reply_frames: 4096, max_batch: 16, batch_linger_ms: 2,
                                                keep_user_kv: true}}
 
 Input `hidden` (from the thinker), in order:
@@ -89,7 +89,9 @@ class TalkerNode(Node):
         self.model = await self.context.compute.run(TalkerModel, self.omni.model)
         # One shared executor: the frames that sessions want at the same time run as one batch.
         max_batch = int(self.params.get("max_batch", 16))
-        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch)
+        # batch_linger_ms: a worker that finds fewer replies queued than its last batch waits this long for the rest.
+        linger_s = float(self.params.get("batch_linger_ms", 2.0)) / 1000.0
+        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch, linger_s=linger_s)
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
             max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
