@@ -11,6 +11,16 @@ from graph.runtime import GraphRuntime
 from tests.graph.fakes import chunk, relay_sink_profile
 
 
+def compute_profile() -> dict:
+    return {
+        "model_id": "m",
+        "imports": ["tests.graph.fakes"],
+        "nodes": {"model": {"type": "test.compute"}},
+        "inputs": {"turns": "model.turns"},
+        "outputs": ["model.done"],
+    }
+
+
 async def started(profile) -> GraphRuntime:
     runtime = GraphRuntime.from_config(profile)
     await runtime.start()
@@ -155,13 +165,7 @@ async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
 
 
 async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
-    profile = {
-        "model_id": "m",
-        "imports": ["tests.graph.fakes"],
-        "nodes": {"model": {"type": "test.compute"}},
-        "inputs": {"turns": "model.turns"},
-        "outputs": ["model.done"],
-    }
+    profile = compute_profile()
     runtime = await started(profile)
     try:
         session = await runtime.open_session("s")
@@ -187,13 +191,7 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
 
 
 async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
-    profile = {
-        "model_id": "m",
-        "imports": ["tests.graph.fakes"],
-        "nodes": {"model": {"type": "test.compute"}},
-        "inputs": {"turns": "model.turns"},
-        "outputs": ["model.done"],
-    }
+    profile = compute_profile()
     runtime = await started(profile)
     session = await runtime.open_session("s")
     await session.send("turns", Turn(reply=ReplyParams()))
@@ -210,13 +208,7 @@ def test_textdelta_is_in_the_vocabulary():
 
 
 async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():
-    profile = {
-        "model_id": "m",
-        "imports": ["tests.graph.fakes"],
-        "nodes": {"model": {"type": "test.compute"}},
-        "inputs": {"turns": "model.turns"},
-        "outputs": ["model.done"],
-    }
+    profile = compute_profile()
     runtime = await started(profile)
     try:
         session = await runtime.open_session("s")
