@@ -1,6 +1,7 @@
 """Where model compute runs: worker threads, never the event loop.
 
-`ComputePool.run(fn, ...)` runs one call in a thread. A `Batcher` is a shared executor: sessions
+`ComputePool.run(fn, ...)` runs one call on one of the pool's worker threads, which take queued
+calls most urgent first (FIFO within a priority). A `Batcher` is a shared executor: sessions
 `await batcher.submit(item)`, a dedicated worker thread takes every ready item (up to
 `max_batch`, most urgent first) and hands them to one `batch_fn(items) -> results` call, so the
 work of many sessions goes through one forward. torch and onnxruntime release the GIL while they
@@ -12,12 +13,15 @@ once; without the wait the first one back starts a batch of one). 0 (the default
 
 Priority: lower numbers go first. Live sessions submit at `PRIORITY_REALTIME`; stateless speech
 requests at `PRIORITY_SPEECH`, so they fill batches but never push live sessions out of one.
+Both `ComputePool.run` and `Batcher.submit` default to `current_priority`, which the runtime sets
+for each node task from its session's kind, so a node gets "sessions first" without naming a
+priority. Calls whose caller was cancelled before they started are skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextvars
 import heapq
 import itertools
 import threading
@@ -28,17 +32,44 @@ from typing import Any, Generic, TypeVar
 PRIORITY_REALTIME = 0
 PRIORITY_SPEECH = 10
 
+# The priority of compute submitted from the current task (set per node task by the runtime).
+current_priority: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "graph_compute_priority", default=PRIORITY_REALTIME)
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
 class ComputePool:
-    def __init__(self, threads: int = 4):
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compute")
-        self._batchers: list[Batcher[Any, Any]] = []
+    """`threads` worker threads taking calls most urgent first (then in arrival order)."""
 
-    async def run(self, fn: Callable[..., Result], *args: Any) -> Result:
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+    def __init__(self, threads: int = 4):
+        self._queue: list[tuple[int, int, _Pending]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._batchers: list[Batcher[Any, Any]] = []
+        self._workers = [threading.Thread(target=self._work, name=f"compute-{i}", daemon=True) for i in range(threads)]
+        for worker in self._workers:
+            worker.start()
+
+    async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None) -> Result:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        urgency = current_priority.get() if priority is None else priority
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the compute pool is shut down")
+            heapq.heappush(self._queue, (urgency, next(self._order), _Pending((fn, args), future, loop)))
+            self._ready.notify()
+        try:
+            return await future
+        finally:
+            # A raised exception's traceback keeps this frame; the future holds that exception.
+            del future, fn, args
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     def batcher(
         self,
@@ -52,9 +83,50 @@ class ComputePool:
         return batcher
 
     def shutdown(self) -> None:
+        """Stop taking calls. Calls already running finish and deliver their result; queued calls
+        fail with RuntimeError; later `run` calls raise it. Batchers are closed too."""
         for batcher in self._batchers:
             batcher.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        with self._ready:
+            self._closed = True
+            dropped, self._queue = self._queue, []
+            self._ready.notify_all()
+        for _, _, pending in dropped:
+            _deliver(pending, RuntimeError("the compute pool is shut down"))
+
+    def _next(self) -> _Pending | None:
+        with self._ready:
+            while not self._queue and not self._closed:
+                self._ready.wait()
+            if not self._queue:
+                return None
+            return heapq.heappop(self._queue)[2]
+
+    def _work(self) -> None:
+        while (pending := self._next()) is not None:
+            if not pending.future.done():  # a caller cancelled before its call started is skipped
+                _call(pending)
+            # An idle worker keeps no reference to its last call: a cancelled caller's future and
+            # the call's arguments hold that caller's state (a session's KV, its frames).
+            del pending
+
+
+def _call(pending: _Pending) -> None:
+    fn, args = pending.item
+    try:
+        result: Any = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+        result = exc
+    _deliver(pending, result)
+    # An exception's traceback keeps this frame: it must not keep the call's arguments alive.
+    del pending, fn, args, result
+
+
+def _deliver(pending: _Pending, result: Any) -> None:
+    try:
+        pending.loop.call_soon_threadsafe(_settle, pending.future, result)
+    except RuntimeError:  # the caller's event loop is closed: nobody is waiting any more
+        pass
 
 
 class _Pending:
@@ -89,7 +161,9 @@ class Batcher(Generic[Item, Result]):
         self._thread = threading.Thread(target=self._work, name=f"batcher-{name}", daemon=True)
         self._thread.start()
 
-    async def submit(self, item: Item, priority: int = PRIORITY_REALTIME) -> Result:
+    async def submit(self, item: Item, priority: int | None = None) -> Result:
+        if priority is None:
+            priority = current_priority.get()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         with self._ready:

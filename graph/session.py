@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_priority
 from graph.messages import Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
@@ -184,6 +185,9 @@ class GraphSession:
     # ------------------------------------------------------------------ node side
 
     async def _run_node(self, name: str) -> None:
+        # This task's compute (and that of tasks the node starts from here) runs at the session's
+        # priority: speech requests after live sessions.
+        current_priority.set(PRIORITY_SPEECH if self.kind == "speech" else PRIORITY_REALTIME)
         inbox = self._inboxes[name]
         node_session = self._node_sessions[name]
         emit = self._emitter(name)
