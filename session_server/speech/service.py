@@ -6,9 +6,12 @@ of kind `speech`, sends one `Turn(role="assistant", text=..., speak=True)` into 
 is kept afterwards; the session is closed when the request ends, whether it finished, failed or
 the client went away.
 
-Sessions first: a `speech` session's nodes submit their model work at
-`graph.executor.PRIORITY_SPEECH`, below the live sessions' `PRIORITY_REALTIME`, so the shared
-executors fill batches with speech work but always take every waiting live-session step first.
+Sessions first: the runtime runs each node task of a `speech` session at
+`graph.executor.PRIORITY_SPEECH`, below the live sessions' `PRIORITY_REALTIME`
+(`graph.executor.current_priority`, set from the session kind). The shared batchers take every
+waiting live-session item before any speech item (speech only fills the rest of a batch), and the
+compute pool's threads take queued live-session calls before queued speech calls; running work is
+never preempted.
 Speech requests also have their own admission cap (`limits.max_speech_sessions`): past it a
 request gets 503 `speech_capacity_reached` instead of queueing without bound, and they never
 take a live-session slot.
