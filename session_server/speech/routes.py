@@ -127,10 +127,11 @@ class JobStreamingResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            reason = "completed" if self.job.finished else "client_disconnected"
-            if not self.job.finished:
-                log.info("speech %s: stream ended before the audio did (%s); generation cancelled", self.job.id, reason)
-            await self.job.close(reason)
+            # The body closes the job as soon as the audio has ended; this is the safety net for a
+            # client that left before (or a body that never started).
+            if not self.job.closed:
+                log.info("speech %s: stream ended before the audio did; generation cancelled", self.job.id)
+            await self.job.close("client_disconnected")  # idempotent: keeps the first reason
 
 
 def _sse(event: str, payload: dict[str, Any]) -> str:
@@ -155,14 +156,19 @@ async def sse_events(job: SpeechJob, params: SpeechParams, target_rate: int) -> 
             prefix = b""
             if data:
                 yield delta(data)
-        tail = prefix + (encoder.finish() if encoder is not None else b"")
-        if tail:
-            yield delta(tail)
-        yield _sse("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(job.usage)})
     except SpeechFailed as exc:
         log.warning("speech %s failed: %s", job.id, exc.message)
+        await job.close("failed")  # before the terminal event: a client may retry at once
         error = {"message": exc.message, "type": "server_error", "param": None, "code": exc.code}
         yield _sse("speech.audio.error", {"type": "speech.audio.error", "error": error})
+        return
+    # The audio has ended: free the speech slot before the terminal event, so a client that
+    # sends its next request as soon as it sees `speech.audio.done` finds it free.
+    await job.close("completed")
+    tail = prefix + (encoder.finish() if encoder is not None else b"")
+    if tail:
+        yield delta(tail)
+    yield _sse("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(job.usage)})
 
 
 async def audio_bytes(job: SpeechJob, params: SpeechParams, target_rate: int) -> AsyncIterator[bytes]:
@@ -176,12 +182,16 @@ async def audio_bytes(job: SpeechJob, params: SpeechParams, target_rate: int) ->
             data = encoder.push(out.samples)
             if data:
                 yield data
-        if encoder is not None and (tail := encoder.finish()):
-            yield tail
     except SpeechFailed as exc:
         # Raising aborts the chunked body, so the client sees a broken stream, not a short clip.
         log.warning("speech %s failed mid-stream: %s", job.id, exc.message)
+        await job.close("failed")
         raise
+    # The audio has ended: free the speech slot before the last bytes and the end of the body, so
+    # a client that sends its next request as soon as this one ends finds it free.
+    await job.close("completed")
+    if encoder is not None and (tail := encoder.finish()):
+        yield tail
 
 
 async def wait_for_disconnect(request: Request) -> None:

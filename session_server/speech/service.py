@@ -160,6 +160,7 @@ class SpeechJob:
     usage: Usage | None = None
     status: str | None = None
     finished: bool = False
+    closed: bool = False
     _session: Any = None
     _opened_at: float = 0.0
 
@@ -212,6 +213,7 @@ class SpeechJob:
 
     async def close(self, reason: str) -> None:
         """Close the graph session (idempotent). Shielded: a cancelled caller still frees it."""
+        self.closed = True
         self.service.active_jobs.discard(self)
         if self._session is not None:
             with contextlib.suppress(Exception):

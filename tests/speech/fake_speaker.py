@@ -4,11 +4,13 @@
 `TurnDone` with usage, computing each chunk through a shared `Batcher` (as a model node would),
 at the session's priority. Audio depends only on (voice, seed, text): a tone per voice plus
 seeded noise. `params`: chunks_per_word (2), chunk_ms (100), step_delay_s (0: how long one
-executor step blocks its thread), max_batch (8). Text containing "FAIL" fails the session after one chunk.
+executor step blocks its thread), max_batch (8), close_delay_s (0: how long closing a session takes,
+as freeing a model's state can). Text containing "FAIL" fails the session after one chunk.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import zlib
 from collections import Counter
@@ -98,6 +100,8 @@ class FakeSpeaker(Node):
                 await emit("audio", TurnDone(turn_id=turn.turn_id, response_id=reply.response_id, status=status, usage=usage))
 
             async def close(self):
+                if delay := float(node.params.get("close_delay_s", 0)):
+                    await asyncio.sleep(delay)
                 node.closed.append(self.session.session_id)
 
         return State(self, session)

@@ -134,3 +134,62 @@ async def test_client_giving_up_on_a_whole_file_request_cancels_it_too(tmp_path)
         assert node.steps[session_id] < 200
         assert node.batcher.queue_depth() == 0
         assert speech_service(server).active_jobs == set()
+
+
+# A client at the speech capacity that sends its next request as soon as a stream has ended must
+# find the slot free: the request's session is closed when the audio ends, before the last event
+# or bytes go out. Closing takes a while here (as freeing a model's state can), so a session
+# still closing when the stream ended would show.
+
+
+def one_slot_profile(tmp_path) -> dict:
+    profile = speaker_profile(tmp_path, close_delay_s=0.5)
+    profile["limits"] = {"max_speech_sessions": 1}
+    return profile
+
+
+async def test_the_speech_slot_is_free_when_the_sse_done_event_arrives(tmp_path):
+    async with running_server(one_slot_profile(tmp_path), enable_realtime=False) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            for round_ in range(2):
+                body = {"input": "one two", "stream_format": "sse", "response_format": "pcm"}
+                async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                    assert response.status_code == 200
+                    async for line in response.aiter_lines():
+                        if line == "event: speech.audio.done":
+                            assert server.runtime.count("speech") == 0, "the speech session is still open"
+                            assert len(speaker_node(server).closed) == 2 * round_ + 1  # this one and the last round's two
+                            break
+                    else:
+                        raise AssertionError("no speech.audio.done event")
+                again = await client.post("/v1/audio/speech", json={"input": "next", "response_format": "pcm"})
+                assert again.status_code == 200, again.text
+
+
+async def test_the_speech_slot_is_free_when_the_sse_error_event_arrives(tmp_path):
+    async with running_server(one_slot_profile(tmp_path), enable_realtime=False) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            body = {"input": "please FAIL now", "stream_format": "sse", "response_format": "pcm"}
+            async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line == "event: speech.audio.error":
+                        assert server.runtime.count("speech") == 0, "the speech session is still open"
+                        break
+                else:
+                    raise AssertionError("no speech.audio.error event")
+            again = await client.post("/v1/audio/speech", json={"input": "next", "response_format": "pcm"})
+            assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize("response_format", ["pcm", "wav"])
+async def test_a_raw_stream_client_can_send_its_next_request_as_soon_as_the_stream_ends(tmp_path, response_format):
+    async with running_server(one_slot_profile(tmp_path), enable_realtime=False) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            for _ in range(3):
+                body = {"input": "one two", "stream_format": "audio", "response_format": response_format}
+                async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                    assert response.status_code == 200
+                    received = b"".join([chunk async for chunk in response.aiter_bytes()])
+                assert server.runtime.count("speech") == 0, "the speech session is still open"
+                assert len(received) >= 4 * 2400 * 2
+            assert len(speaker_node(server).closed) == 3
