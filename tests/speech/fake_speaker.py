@@ -57,6 +57,7 @@ class FakeSpeaker(Node):
         self.turns: list[Turn] = []
         self.priorities: list[int] = []
         self.order: list[str] = []  # the session of every executor step, in the order they ran
+        self.batch_sizes: list[int] = []  # items of every executor call
 
     async def start(self) -> None:
         max_batch = int(self.params.get("max_batch", 8))
@@ -66,6 +67,7 @@ class FakeSpeaker(Node):
         delay = float(self.params.get("step_delay_s", 0))
         if delay:
             threading.Event().wait(delay)  # a blocking "forward", off the event loop
+        self.batch_sizes.append(len(items))
         results = []
         for session_id, voice, seed, index, samples in items:
             self.steps[session_id] += 1

@@ -51,3 +51,24 @@ async def test_a_live_reply_overtakes_queued_speech_work(tmp_path):
         # none of the speech requests (80 steps each) had finished when it ended.
         assert sum(between) > 0
         assert len(speech_progress) == 4 and max(speech_progress.values()) < 80
+
+
+async def test_concurrent_speech_requests_share_executor_batches_with_live_sessions(tmp_path):
+    profile = speaker_profile(tmp_path, step_delay_s=0.02, max_batch=8)
+    async with running_server(profile, enable_realtime=False) as server:
+        node = speaker_node(server)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+            speech = [asyncio.create_task(stream_speech(client, words=10)) for _ in range(4)]
+            await eventually(lambda: len(node.steps) == 4, what="4 speech requests running")
+            live = await server.runtime.open_session("live-1", kind="realtime")
+            await live.send("speech", Turn(turn_id=0, role="assistant", text="a b c d e", speak=True, reply=ReplyParams(response_id="r1")))
+            async for message in live.outputs():
+                if isinstance(message, TurnDone):
+                    break
+            await live.close()
+            await asyncio.gather(*speech)
+        # One executor (the node's shared batcher) served every request and the live session:
+        # steps of different callers ran in the same calls.
+        assert sum(node.batch_sizes) == sum(node.steps.values()) == 4 * 20 + 10
+        assert max(node.batch_sizes) >= 2 and len(node.batch_sizes) < sum(node.batch_sizes)
+        assert server.runtime.count("speech") == 0

@@ -110,3 +110,26 @@ async def test_the_streaming_text_websocket_speaks_each_sentence(tiny):
     assert [e["sentence_text"] for e in events if e["type"] == "audio.start"] == ["Hi there.", "Dr. Who is here."]
     done = [e for e in events if e["type"] == "audio.done"]
     assert [d["error"] for d in done] == [False, False] and sum(d["total_bytes"] for d in done) == audio_bytes > 0
+
+
+async def test_the_voice_and_the_instructions_condition_the_talker(tiny):
+    # Same text and seed: the voice picks the checkpoint speaker the talker is prefilled with, and
+    # the instructions enter its prompt, so each changes the generated codes.
+    async def speak(voice: str, instructions: str | None = None):
+        extra = {"instructions": instructions} if instructions else {}
+        raw = await sdk(tiny).audio.speech.with_raw_response.create(
+            model=MODEL, voice=voice, input="Good morning.", response_format="pcm", extra_body={"max_new_tokens": 6, "seed": 7}, **extra
+        )
+        return pcm_samples(raw.content), int(raw.headers["x-sgl-omni-input-text-tokens"])
+
+    ethan, ethan_tokens = await speak("ethan")
+    again, _ = await speak("ethan")
+    aiden, _ = await speak("aiden")
+    instructed, instructed_tokens = await speak("ethan", "Whisper, very slowly.")
+
+    def differ(a, b):
+        return len(a) != len(b) or np.max(np.abs(a - b)) > 0.01
+
+    assert not differ(ethan, again)
+    assert differ(ethan, aiden) and differ(ethan, instructed)
+    assert instructed_tokens > ethan_tokens  # the instructions are counted as input text

@@ -152,6 +152,13 @@ async def test_files_over_the_size_limit_are_413(tmp_path):
     assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
 
 
+async def test_by_default_a_file_over_ten_mib_is_413_before_it_is_decoded(server):
+    async with client_for(server) as client:
+        response = await upload(client, audio=b"\0" * (10 * 1024 * 1024 + 1))
+    assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
+    assert response.json()["error"]["message"] == "audio_sample is larger than 10 MiB"
+
+
 @pytest.mark.parametrize("missing", ["name", "consent"])
 async def test_name_and_consent_are_required(server, missing):
     async with client_for(server) as client:
