@@ -1,21 +1,38 @@
-"""Where model compute runs: worker threads, never the event loop.
+"""Where model compute runs: the compute pool's worker threads, never the event loop.
 
-`ComputePool.run(fn, ...)` runs one call on one of the pool's worker threads, which take queued
-calls most urgent first (FIFO within a priority). A `Batcher` is a shared executor: sessions
-`await batcher.submit(item)`, a dedicated worker thread takes every ready item (up to
-`max_batch`, most urgent first) and hands them to one `batch_fn(items) -> results` call, so the
-work of many sessions goes through one forward. torch and onnxruntime release the GIL while they
-compute, so the event loop keeps moving messages meanwhile.
+One scheduler for all of a runtime's compute. `ComputePool.run(fn, ...)` queues one call; a
+`Batcher` is a shared executor: sessions `await batcher.submit(item)`, and a worker takes every
+ready item of that batcher (up to `max_batch`, most urgent first) and hands them to one
+`batch_fn(items) -> results` call, so the work of many sessions goes through one forward. The
+pool's `threads` workers (one by default) each take the most urgent unit of work of the whole
+pool next: a queued call, or a batch of the batcher whose first item is the most urgent; a
+batcher never runs two batches at once.
 
-Batch formation: with `linger_s` > 0, a worker that finds fewer items queued than its last batch
-held waits up to `linger_s` for the rest (sessions that got a step's result usually resubmit at
-once; without the wait the first one back starts a batch of one). 0 (the default) never waits.
+Why one worker by default: torch and onnxruntime release the GIL inside each operator and take it
+back after, and a model forward is hundreds of operators with Python in between. Two threads that
+both run model code hand the GIL back and forth at every operator (each return waits for the
+other thread's switch interval), so on CPU each forward of a small model ran 3-10x slower with
+one thread per stage than the same work done by one thread in turn (docs/batching.md has the
+numbers). One thread that runs every stage's batches in priority order keeps each forward at its
+direct speed and lets batches grow while other stages run. `compute: {threads: N}` in a profile
+sets more workers (stages then run concurrently) where that measures faster.
 
-Priority: lower numbers go first. Live sessions submit at `PRIORITY_REALTIME`; stateless speech
-requests at `PRIORITY_SPEECH`, so they fill batches but never push live sessions out of one.
-Both `ComputePool.run` and `Batcher.submit` default to `current_priority`, which the runtime sets
-for each node task from its session's kind, so a node gets "sessions first" without naming a
-priority. Calls whose caller was cancelled before they started are skipped.
+Urgency: (priority, due, arrival); lower goes first. Live sessions submit at `PRIORITY_REALTIME`;
+stateless speech requests at `PRIORITY_SPEECH`, so they fill batches but never push live sessions
+out of one. Within a priority, earliest due first: work is due when it is submitted, except where
+the submitting task has a `current_due` clock: the runtime gives one to reply-side nodes
+(`Node.follows_playback`), which says when the session's listener would run out of reply audio
+(graph/session.py). So a turn waiting for its first audio goes before a reply that is seconds
+ahead of its playback, and that reply becomes urgent again as its lead shrinks; with no reply
+playing, work runs in arrival order across all stages, so no stage starves. `run` and `submit`
+default to `current_priority` and `current_due`, which the runtime sets for each node task, so a
+node gets all this without naming either. Work whose caller was cancelled before it started is
+skipped.
+
+Batch formation: with `linger_s` > 0, a batcher holding fewer items than its last batch is not
+ready until its oldest item has waited `linger_s` (sessions that got a step's result usually
+resubmit at once; without the wait the first one back starts a batch of one). Meanwhile the
+workers run other work; 0 (the default) is ready at once.
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ import asyncio
 import contextvars
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,16 +53,29 @@ PRIORITY_SPEECH = 10
 # The priority of compute submitted from the current task (set per node task by the runtime).
 current_priority: contextvars.ContextVar[int] = contextvars.ContextVar(
     "graph_compute_priority", default=PRIORITY_REALTIME)
+# When compute submitted from the current task is due (time.monotonic()); None: when submitted.
+current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar("graph_compute_due", default=None)
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
+# A queue entry: (priority, due, arrival number, the work). Arrival numbers are shared by the pool
+# and its batchers, so heads of different queues compare.
+_Entry = tuple[int, float, int, "_Pending"]
+
+
+def _due() -> float:
+    clock = current_due.get()
+    return time.monotonic() if clock is None else clock()
+
 
 class ComputePool:
-    """`threads` worker threads taking calls most urgent first (then in arrival order)."""
+    """`threads` worker threads taking the pool's most urgent work first (then in arrival order)."""
 
-    def __init__(self, threads: int = 4):
-        self._queue: list[tuple[int, int, _Pending]] = []
+    def __init__(self, threads: int = 1):
+        if threads < 1:
+            raise ValueError("a compute pool needs at least one thread")
+        self._calls: list[_Entry] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
@@ -60,7 +91,7 @@ class ComputePool:
         with self._ready:
             if self._closed:
                 raise RuntimeError("the compute pool is shut down")
-            heapq.heappush(self._queue, (urgency, next(self._order), _Pending((fn, args), future, loop)))
+            heapq.heappush(self._calls, (urgency, _due(), next(self._order), _Pending((fn, args), future, loop)))
             self._ready.notify()
         try:
             return await future
@@ -69,7 +100,7 @@ class ComputePool:
             del future, fn, args
 
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return len(self._calls)
 
     def batcher(
         self,
@@ -78,37 +109,80 @@ class ComputePool:
         max_batch: int = 32,
         linger_s: float = 0.0,
     ) -> Batcher[Item, Result]:
-        batcher: Batcher[Item, Result] = Batcher(name, batch_fn, max_batch, linger_s)
-        self._batchers.append(batcher)
+        batcher: Batcher[Item, Result] = Batcher(self, name, batch_fn, max_batch, linger_s)
+        with self._ready:
+            self._batchers.append(batcher)
         return batcher
 
     def shutdown(self) -> None:
-        """Stop taking calls. Calls already running finish and deliver their result; queued calls
-        fail with RuntimeError; later `run` calls raise it. Batchers are closed too."""
-        for batcher in self._batchers:
-            batcher.close()
+        """Stop taking work. Work already running finishes and delivers its result; queued calls
+        and batcher items fail with RuntimeError; later `run`/`submit` calls raise it."""
         with self._ready:
             self._closed = True
-            dropped, self._queue = self._queue, []
+            dropped, self._calls = self._calls, []
+            for batcher in self._batchers:
+                batcher._closed = True
+                dropped += batcher._queue
+                batcher._queue = []
             self._ready.notify_all()
-        for _, _, pending in dropped:
+        for *_, pending in dropped:
             _deliver(pending, RuntimeError("the compute pool is shut down"))
 
-    def _next(self) -> _Pending | None:
+    # ------------------------------------------------------------------ workers
+
+    def _enqueue(self, queue: list[_Entry], priority: int, pending: _Pending) -> None:
+        """Queue a batcher's item (under the pool's lock, so workers see it)."""
+        heapq.heappush(queue, (priority, _due(), next(self._order), pending))
+        self._ready.notify()
+
+    def _next(self) -> tuple[Batcher[Any, Any] | None, list[_Pending]] | None:
+        """The next unit of work: (None, [call]) or (batcher, batch); None once shut down."""
         with self._ready:
-            while not self._queue and not self._closed:
-                self._ready.wait()
-            if not self._queue:
-                return None
-            return heapq.heappop(self._queue)[2]
+            while not self._closed:
+                now = time.monotonic()
+                best: tuple[int, float, int] | None = None
+                chosen: Batcher[Any, Any] | None = None
+                wake_at = math.inf
+                if (head := _live_head(self._calls)) is not None:
+                    best = head
+                for batcher in self._batchers:
+                    if batcher._running or (head := _live_head(batcher._queue)) is None:
+                        continue
+                    ready_at = batcher._ready_at()
+                    if ready_at > now:
+                        wake_at = min(wake_at, ready_at)
+                    elif best is None or head < best:
+                        best, chosen = head, batcher
+                if best is None:
+                    self._ready.wait(None if wake_at == math.inf else wake_at - now)
+                elif chosen is None:
+                    return None, [heapq.heappop(self._calls)[-1]]
+                else:
+                    chosen._running = True
+                    return chosen, chosen._take()
+            return None
 
     def _work(self) -> None:
-        while (pending := self._next()) is not None:
-            if not pending.future.done():  # a caller cancelled before its call started is skipped
-                _call(pending)
-            # An idle worker keeps no reference to its last call: a cancelled caller's future and
-            # the call's arguments hold that caller's state (a session's KV, its frames).
-            del pending
+        while (work := self._next()) is not None:
+            batcher, batch = work
+            if batcher is None:
+                _call(batch[0])
+            else:
+                batcher._run(batch)
+                with self._ready:
+                    batcher._running = False
+                    self._ready.notify_all()  # its queued items may be the most urgent now
+            # An idle worker keeps no reference to its last work: a cancelled caller's future and
+            # the work's arguments hold that caller's state (a session's KV, its frames).
+            del work, batcher, batch
+
+
+def _live_head(queue: list[_Entry]) -> tuple[int, float, int] | None:
+    """(priority, due, arrival) of the queue's most urgent item whose caller still waits; drops
+    the cancelled ones in front of it."""
+    while queue and queue[0][-1].future.done():
+        heapq.heappop(queue)
+    return queue[0][:3] if queue else None
 
 
 def _call(pending: _Pending) -> None:
@@ -130,12 +204,13 @@ def _deliver(pending: _Pending, result: Any) -> None:
 
 
 class _Pending:
-    __slots__ = ("item", "future", "loop")
+    __slots__ = ("item", "future", "loop", "queued_at")
 
     def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
         self.item = item
         self.future = future
         self.loop = loop
+        self.queued_at = time.monotonic()
 
 
 class Batcher(Generic[Item, Result]):
@@ -143,83 +218,69 @@ class Batcher(Generic[Item, Result]):
 
     `batch_fn` returns one result per item, in order; an exception object in place of a result
     fails that item alone. If `batch_fn` itself raises, every item of that batch fails with it.
+    `batch_fn` never runs twice at once. Made by `ComputePool.batcher`; runs on the pool's workers.
     """
 
-    def __init__(self, name: str, batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]], max_batch: int,
-                 linger_s: float = 0.0):
+    def __init__(self, pool: ComputePool, name: str, batch_fn: Callable[[list[Item]], Sequence[Result | BaseException]],
+                 max_batch: int, linger_s: float = 0.0):
         self.name = name
-        self._linger_s = linger_s
-        self._last_batch = 0
+        self._pool = pool
         self._batch_fn = batch_fn
         self._max_batch = max_batch
-        self._queue: list[tuple[int, int, _Pending]] = []
-        self._order = itertools.count()
-        self._ready = threading.Condition()
+        self._linger_s = linger_s
+        self._last_batch = 0
+        self._queue: list[_Entry] = []  # guarded by the pool's lock
+        self._running = False
         self._closed = False
         self.batches_run = 0
         self.items_run = 0
-        self._thread = threading.Thread(target=self._work, name=f"batcher-{name}", daemon=True)
-        self._thread.start()
 
     async def submit(self, item: Item, priority: int | None = None) -> Result:
         if priority is None:
             priority = current_priority.get()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        with self._ready:
+        with self._pool._ready:
             if self._closed:
                 raise RuntimeError(f"executor {self.name!r} is closed")
-            heapq.heappush(self._queue, (priority, next(self._order), _Pending(item, future, loop)))
-            self._ready.notify()
+            self._pool._enqueue(self._queue, priority, _Pending(item, future, loop))
         # If the caller is cancelled before the batch runs, the worker skips the item.
         return await future
 
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
+    # ------------------------------------------------------------------ pool side (its lock held)
 
-    def _take_batch(self) -> list[_Pending] | None:
-        with self._ready:
-            while not self._queue and not self._closed:
-                self._ready.wait()
-            if self._closed and not self._queue:
-                return None
-            if self._linger_s > 0:
-                deadline = time.monotonic() + self._linger_s
-                wanted = min(self._last_batch, self._max_batch)
-                while len(self._queue) < wanted and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._ready.wait(left):
-                        break
-            batch: list[_Pending] = []
-            while self._queue and len(batch) < self._max_batch:
-                _, _, pending = heapq.heappop(self._queue)
-                if not pending.future.done():  # cancelled callers drop out here
-                    batch.append(pending)
-            self._last_batch = len(batch)
-            return batch
+    def _ready_at(self) -> float:
+        """When this batcher's queued items should run (see batch formation, module docstring)."""
+        if self._linger_s <= 0 or len(self._queue) >= min(self._last_batch, self._max_batch):
+            return 0.0
+        return min(entry[-1].queued_at for entry in self._queue) + self._linger_s
 
-    def _work(self) -> None:
-        while (batch := self._take_batch()) is not None:
-            if not batch:
-                continue
-            try:
-                results: Sequence[Any] = self._batch_fn([p.item for p in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"executor {self.name!r} returned {len(results)} results for {len(batch)} items")
-            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting session
-                results = [exc] * len(batch)
-            self.batches_run += 1
-            self.items_run += len(batch)
-            for pending, result in zip(batch, results):
-                pending.loop.call_soon_threadsafe(_settle, pending.future, result)
-            # An idle worker must not keep its last batch alive: a cancelled caller's future holds
-            # that caller's frames (and through them its session's state) until the next batch.
-            del batch, results, pending, result
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        while self._queue and len(batch) < self._max_batch:
+            pending = heapq.heappop(self._queue)[-1]
+            if not pending.future.done():  # cancelled callers drop out here
+                batch.append(pending)
+        self._last_batch = len(batch)
+        return batch
+
+    # ------------------------------------------------------------------ worker side
+
+    def _run(self, batch: list[_Pending]) -> None:
+        try:
+            results: Sequence[Any] = self._batch_fn([p.item for p in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"executor {self.name!r} returned {len(results)} results for {len(batch)} items")
+        except BaseException as exc:  # noqa: BLE001 - delivered to every waiting session
+            results = [exc] * len(batch)
+        self.batches_run += 1
+        self.items_run += len(batch)
+        for pending, result in zip(batch, results):
+            _deliver(pending, result)
+        del batch, results
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:

@@ -70,6 +70,9 @@ class Node(abc.ABC):
 
     inputs: ClassVar[dict[str, tuple[type[Message], ...]]] = {}
     outputs: ClassVar[dict[str, tuple[type[Message], ...]]] = {}
+    # Reply-side nodes (thinker, talker, code2wav): their compute is due when the session's
+    # listener would run out of reply audio, not when it is submitted (graph/executor.py).
+    follows_playback: ClassVar[bool] = False
 
     def __init__(self, name: str, params: dict[str, Any], context: NodeContext):
         self.name = name

@@ -33,11 +33,11 @@ SESSION_KINDS = ("realtime", "speech")
 
 
 class GraphRuntime:
-    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, compute_threads: int = 4):
+    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None):
         self.spec = spec
         self.limits = spec.limits
         self.metrics = metrics or GraphMetrics()
-        self.compute = ComputePool(compute_threads)
+        self.compute = ComputePool(spec.compute_threads)
         self.resources: dict[str, Any] = {}
         self.nodes: dict[str, Node] = {}
         self.sessions: dict[str, GraphSession] = {}

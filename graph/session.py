@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_priority
-from graph.messages import Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority
+from graph.messages import AudioOut, Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
 from graph.spec import GraphSpec, Port
@@ -33,6 +33,42 @@ log = logging.getLogger("graph.session")
 # Messages that report on a turn are never purged by an interrupt: the client must still learn
 # how the turn ended.
 _NEVER_PURGED = (TurnDone, NodeEvent)
+
+
+class PlaybackClock:
+    """When this session's reply-side compute is due (graph/executor.py schedules by it).
+
+    A listener starts playing at the reply's first audio and plays in real time, so it runs dry
+    at first audio + seconds sent; the next chunk is due `margin_s` before that (it takes a few
+    stage hops to make). Before its first audio, a reply's work is due when the reply was asked
+    for, at every stage: the oldest waiting turn gets its first audio first.
+    """
+
+    def __init__(self, margin_s: float = 0.2):
+        self.margin_s = margin_s
+        self._requested_at: float | None = None
+        self._started_at: float | None = None
+        self._seconds = 0.0
+
+    def reply_requested(self) -> None:
+        if self._requested_at is None:
+            self._requested_at = time.monotonic()
+
+    def audio_sent(self, seconds: float) -> None:
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+        self._seconds += seconds
+
+    def reply_ended(self) -> None:
+        self._requested_at = self._started_at = None
+        self._seconds = 0.0
+
+    def due(self) -> float:
+        if self._started_at is not None:
+            return self._started_at + self._seconds - self.margin_s
+        if self._requested_at is not None:
+            return self._requested_at
+        return time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -89,6 +125,7 @@ class GraphSession:
         self.turns = 0
         self._replies_done = asyncio.Event()
         self._replies_done.set()
+        self.playback = PlaybackClock()
 
     @property
     def failed(self) -> bool:
@@ -135,6 +172,7 @@ class GraphSession:
                     self._count_reply_done()
             if dropped:
                 log.debug("session %s: interrupt dropped %d queued messages", self.id, len(dropped))
+            self.playback.reply_ended()  # the listener drops what it had buffered
         for name, node_session in self._node_sessions.items():
             try:
                 node_session.on_control(control)
@@ -188,6 +226,8 @@ class GraphSession:
         # This task's compute (and that of tasks the node starts from here) runs at the session's
         # priority: speech requests after live sessions.
         current_priority.set(PRIORITY_SPEECH if self.kind == "speech" else PRIORITY_REALTIME)
+        if self._nodes[name].follows_playback:
+            current_due.set(self.playback.due)
         inbox = self._inboxes[name]
         node_session = self._node_sessions[name]
         emit = self._emitter(name)
@@ -218,14 +258,18 @@ class GraphSession:
             for target in routes.get((name, stream), ()):
                 await self._inboxes[target.node].put((target.stream, message))
             if (name, stream) in outputs:
-                if isinstance(message, TurnDone):
+                if isinstance(message, AudioOut):
+                    self.playback.audio_sent(len(message.samples) / message.sample_rate)
+                elif isinstance(message, TurnDone):
                     self._count_reply_done()
+                    self.playback.reply_ended()
                 await self._output.put(message)
 
         return emit
 
     def _count_reply_request(self, message: Message) -> None:
         if isinstance(message, Turn) and message.reply is not None:
+            self.playback.reply_requested()
             self.open_replies += 1
             self.turns += 1
             self._replies_done.clear()

@@ -13,6 +13,7 @@ Layout of a profile:
     inputs: {audio: vad.audio}                       # where transports send messages in
     outputs: [dialog.events, thinker.text]           # what transports receive
     limits: {max_sessions: 8}
+    compute: {threads: 1}                            # compute pool workers (graph/executor.py)
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -76,9 +77,11 @@ class GraphSpec:
     outputs: list[Port]
     limits: SessionLimits
     extra: dict[str, Any] = field(default_factory=dict)
+    # `compute: {threads: N}`: the compute pool's worker threads (graph/executor.py says why 1).
+    compute_threads: int = 1
 
 
-_TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits"}
+_TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
 
 
 def parse_spec(profile: dict[str, Any]) -> GraphSpec:
@@ -128,8 +131,16 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     except (TypeError, ValueError) as exc:
         raise GraphConfigError("limits", str(exc)) from None
 
+    compute = _mapping(profile.get("compute", {}), "compute")
+    unknown = sorted(set(compute) - {"threads"})
+    if unknown:
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads)")
+    threads = compute.get("threads", 1)
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise GraphConfigError("compute.threads", "must be a positive integer")
+
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
-    return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra)
+    return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads)
 
 
 def validate_spec(spec: GraphSpec) -> None:

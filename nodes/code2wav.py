@@ -37,6 +37,7 @@ from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2
 class Code2WavNode(Node):
     inputs = {"codes": (CodecFrames, TurnDone)}
     outputs = {"audio": (AudioOut, TurnDone)}
+    follows_playback = True  # reply side: scheduled by the session's playback deadline
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
         super().__init__(name, params, context)

@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 class TalkerNode(Node):
     inputs = {"hidden": (HiddenChunk, TurnDone)}
     outputs = {"codes": (CodecFrames, TurnDone)}
+    follows_playback = True  # reply side: scheduled by the session's playback deadline
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
         super().__init__(name, params, context)

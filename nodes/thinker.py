@@ -84,6 +84,7 @@ _STATUS = {
 class Thinker(Node):
     inputs = {"embeddings": (Embeddings,)}
     outputs = {"text": (TextDelta, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
+    follows_playback = True  # reply side: scheduled by the session's playback deadline
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))

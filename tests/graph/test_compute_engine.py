@@ -1,0 +1,241 @@
+"""One scheduler for all compute: batchers run on the pool's workers in urgency order, a batcher
+never runs two batches at once, a lingering batcher lets other work run, reply-side work is due by
+its session's playback clock, and `compute.threads` comes from the profile."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from graph.spec import GraphConfigError, parse_spec
+from graph.executor import PRIORITY_SPEECH, ComputePool, current_due
+from graph.messages import AudioOut, ReplyParams, Turn, TurnDone
+from graph.node import Node, NodeSession
+from graph.registry import register_node
+from graph.runtime import GraphRuntime
+from graph.session import PlaybackClock
+
+
+async def hold_worker(pool: ComputePool, gate: threading.Event) -> asyncio.Future:
+    """Occupies the pool's (only) worker until `gate` is set; returns once it is running."""
+    running = threading.Event()
+
+    def hold():
+        running.set()
+        return gate.wait(10)
+
+    blocker = asyncio.ensure_future(pool.run(hold))
+    while not running.is_set():
+        await asyncio.sleep(0.001)
+    return blocker
+
+
+async def wait_queued(queue_depth, n: int) -> None:
+    async with asyncio.timeout(5):
+        while queue_depth() < n:
+            await asyncio.sleep(0.001)
+
+
+async def test_calls_and_batches_of_several_batchers_share_the_workers_in_urgency_order():
+    pool = ComputePool(threads=1)
+    order: list[str] = []
+    def recorder(name):
+        def run(items):
+            order.append(f"{name}:{'+'.join(items)}")
+            return items
+        return run
+
+    thinker = pool.batcher("thinker", recorder("thinker"))
+    talker = pool.batcher("talker", recorder("talker"))
+    gate = threading.Event()
+    try:
+        blocker = await hold_worker(pool, gate)
+        work = [asyncio.ensure_future(thinker.submit("a"))]
+        await wait_queued(thinker.queue_depth, 1)
+        work.append(asyncio.ensure_future(pool.run(order.append, "speech-call", priority=PRIORITY_SPEECH)))
+        work.append(asyncio.ensure_future(talker.submit("b")))
+        await wait_queued(talker.queue_depth, 1)
+        work.append(asyncio.ensure_future(pool.run(order.append, "call")))
+        work.append(asyncio.ensure_future(thinker.submit("c")))
+        await wait_queued(thinker.queue_depth, 2)
+        gate.set()
+        await asyncio.gather(blocker, *work)
+        # The thinker's first item is the oldest: its batch takes "c" along; speech goes last.
+        assert order == ["thinker:a+c", "talker:b", "call", "speech-call"]
+    finally:
+        pool.shutdown()
+
+
+async def test_a_batcher_never_runs_two_batches_at_once_but_other_batchers_run_beside_it():
+    pool = ComputePool(threads=3)
+    lock = threading.Lock()
+    running = {"a": 0, "b": 0}
+    most = {"a": 0, "b": 0}
+    both_ran_together = threading.Event()
+
+    def batch_fn(name):
+        def run(items):
+            with lock:
+                running[name] += 1
+                most[name] = max(most[name], running[name])
+                if running["a"] and running["b"]:
+                    both_ran_together.set()
+            threading.Event().wait(0.02)
+            with lock:
+                running[name] -= 1
+            return items
+        return run
+
+    a = pool.batcher("a", batch_fn("a"), max_batch=1)
+    b = pool.batcher("b", batch_fn("b"), max_batch=1)
+    try:
+        results = await asyncio.gather(*(a.submit(i) for i in range(5)), *(b.submit(i) for i in range(5)))
+        assert results == [0, 1, 2, 3, 4] * 2
+        assert most == {"a": 1, "b": 1}
+        assert both_ran_together.is_set()  # three workers: the two batchers overlapped
+        assert (a.batches_run, b.batches_run) == (5, 5)
+    finally:
+        pool.shutdown()
+
+
+async def test_work_with_an_earlier_due_time_runs_first():
+    pool = ComputePool(threads=1)
+    order: list[str] = []
+    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    gate = threading.Event()
+    try:
+        blocker = await hold_worker(pool, gate)
+
+        async def submit(name: str, due: float):
+            current_due.set(lambda: due)
+            await steps.submit(name)
+
+        ahead = asyncio.ensure_future(submit("reply two seconds ahead of playback", 1e9 + 2))
+        await wait_queued(steps.queue_depth, 1)
+        waiting = asyncio.ensure_future(submit("turn waiting for first audio", 1e9))
+        plain = asyncio.ensure_future(steps.submit("no clock: due when submitted"))  # monotonic() << 1e9
+        await wait_queued(steps.queue_depth, 3)
+        gate.set()
+        await asyncio.gather(blocker, ahead, waiting, plain)
+        assert order == ["no clock: due when submitted", "turn waiting for first audio", "reply two seconds ahead of playback"]
+    finally:
+        pool.shutdown()
+
+
+async def test_a_lingering_batcher_lets_other_work_run_while_it_waits_for_its_batch():
+    pool = ComputePool(threads=1)
+    sizes: list[int] = []
+    def run(items):
+        sizes.append(len(items))
+        return items
+
+    steps = pool.batcher("steps", run, max_batch=8, linger_s=30.0)
+    try:
+        assert await asyncio.gather(*(steps.submit(i) for i in range(3))) == [0, 1, 2]
+        assert sizes == [3]
+        first = asyncio.ensure_future(steps.submit(10))  # fewer than last time: it waits for the rest
+        await wait_queued(steps.queue_depth, 1)
+        async with asyncio.timeout(5):  # the only worker is not stuck in the 30 s wait
+            assert await pool.run(lambda: "other work") == "other work"
+        assert not first.done()
+        rest = [asyncio.ensure_future(steps.submit(i)) for i in (11, 12)]
+        async with asyncio.timeout(5):
+            assert await asyncio.gather(first, *rest) == [10, 11, 12]
+        assert sizes == [3, 3]
+    finally:
+        pool.shutdown()
+
+
+async def test_shutdown_fails_queued_batcher_items_and_later_submits():
+    pool = ComputePool(threads=1)
+    steps = pool.batcher("steps", lambda items: items)
+    gate = threading.Event()
+    blocker = await hold_worker(pool, gate)
+    queued = asyncio.ensure_future(steps.submit("queued"))
+    await wait_queued(steps.queue_depth, 1)
+    pool.shutdown()
+    gate.set()
+    assert await blocker is True
+    with pytest.raises(RuntimeError, match="shut down"):
+        await queued
+    with pytest.raises(RuntimeError, match="closed"):
+        await steps.submit("later")
+
+
+def test_playback_clock_says_when_reply_work_is_due(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("graph.session.time.monotonic", lambda: now[0])
+    clock = PlaybackClock(margin_s=0.2)
+    assert clock.due() == 100.0  # nothing asked for: due now
+    clock.reply_requested()
+    now[0] = 100.5
+    assert clock.due() == 100.0  # every stage of the reply is due when the reply was asked for
+    clock.audio_sent(1.0)  # first audio at 100.5: the listener runs dry at 101.5
+    now[0] = 100.9
+    assert clock.due() == pytest.approx(101.3)
+    clock.audio_sent(0.5)
+    assert clock.due() == pytest.approx(101.8)
+    clock.reply_ended()
+    assert clock.due() == 100.9
+
+
+@register_node("test.reply_audio")
+class ReplyAudio(Node):
+    """A reply-side node: records its compute's due time, then speaks one second of audio."""
+
+    inputs = {"turns": (Turn,)}
+    outputs = {"audio": (AudioOut, TurnDone)}
+    follows_playback = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dues: list[float] = []
+
+    def open_session(self, session):
+        node = self
+
+        class State(NodeSession):
+            async def on_message(self, stream, message, emit):
+                node.dues.append(await node.context.compute.run(lambda due=current_due.get(): due()))
+                await emit("audio", AudioOut(turn_id=message.turn_id, samples=np.zeros(24000, np.float32), sample_rate=24000))
+                node.dues.append(await node.context.compute.run(lambda due=current_due.get(): due()))
+                await emit("audio", TurnDone(turn_id=message.turn_id))
+
+        return State(self, session)
+
+
+async def test_reply_side_nodes_compute_by_their_sessions_playback_clock():
+    runtime = GraphRuntime.from_config({
+        "model_id": "m",
+        "imports": ["tests.graph.test_compute_engine"],
+        "nodes": {"speaker": {"type": "test.reply_audio"}},
+        "inputs": {"turns": "speaker.turns"},
+        "outputs": ["speaker.audio"],
+    })
+    await runtime.start()
+    try:
+        session = await runtime.open_session("s")
+        await session.send("turns", Turn(turn_id=0, role="user", text="hi", reply=ReplyParams(response_id="r")))
+        async with asyncio.timeout(5):
+            async for message in session.outputs():
+                if isinstance(message, TurnDone):
+                    break
+        before_audio, after_audio = runtime.nodes["speaker"].dues
+        # Before the first audio: due when the reply was asked for; after one second of audio was
+        # sent: due (that second - the margin) after the first audio, i.e. later.
+        assert after_audio - before_audio >= 1.0 - session.playback.margin_s
+        await session.close()
+    finally:
+        await runtime.stop(0)
+
+
+def test_compute_threads_come_from_the_profile_and_are_validated():
+    base = {"model_id": "m", "nodes": {"n": {"type": "x"}}}
+    assert parse_spec(base).compute_threads == 1
+    assert parse_spec(base | {"compute": {"threads": 3}}).compute_threads == 3
+    for bad, key in (({"threads": 0}, "compute.threads"), ({"threads": "2"}, "compute.threads"), ({"workers": 2}, "compute.workers")):
+        with pytest.raises(GraphConfigError, match=key.replace(".", r"\.")):
+            parse_spec(base | {"compute": bad})
