@@ -109,6 +109,7 @@ class TurnRecord:
             "stall_s": playback.stall_s,
             "underruns_buffered": buffered.underruns,
             "vad_splits": max(self.speech_started - 1, 0),
+            "speech_stopped_at": self.speech_stopped_at,
         }
 
 
@@ -388,4 +389,18 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
         "client_lag_ms_max": round(max((r.client_lag_s for r in results), default=0.0) * 1000, 1),
         "wall_s": round(wall_s, 2),
         "errors": {"count": sum(errors.values()), "by_kind": errors},
+        # Every turn, in the order the users stopped speaking: when (s from the first stop) and
+        # its time to first audio, to see whether slow turns are the ones that arrive together.
+        "turn_samples": _turn_samples(turn_metrics),
     }
+
+
+def _turn_samples(turn_metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
+    timed = sorted((m for m in turn_metrics if m["ttfa_from_speech_stopped_s"] is not None), key=lambda m: m["speech_stopped_at"])
+    if not timed:
+        return []
+    first = timed[0]["speech_stopped_at"]
+    return [
+        {"speech_stopped_s": round(m["speech_stopped_at"] - first, 3), "ttfa_ms": round(m["ttfa_from_speech_stopped_s"] * 1000, 1)}
+        for m in timed
+    ]
