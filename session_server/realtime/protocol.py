@@ -12,7 +12,7 @@ A transport adapter (WebSocket today, a WebRTC data channel next) feeds it what 
 and gets back a list of actions to carry out, in order: `SendEvent` (a server event for the
 client), `SendAudio` (reply audio for a media track, when built with `audio_deltas=False`),
 `SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
-in order), `ControlGraph` (an Interrupt/Truncate that overtakes data) and `CloseSession`.
+in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an Interrupt/Truncate that overtakes data) and `CloseSession`.
 Nothing here awaits or touches a socket, so both transports share every rule below.
 
 Who decides what:
@@ -36,6 +36,7 @@ import base64
 import enum
 import itertools
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,12 @@ MAX_APPEND_CHARS = 15 * 1024 * 1024
 @dataclass(frozen=True)
 class SendEvent:
     event: dict[str, Any]
+
+
+def reply_input_for(graph_inputs: Collection[str]) -> str:
+    """The graph input for automatic replies: `replies` where the profile has one (it leads
+    straight to the dialog node), else `audio` (behind the queued audio, still correct)."""
+    return "replies" if "replies" in graph_inputs else "audio"
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,12 @@ class Response:
 
 
 class RealtimeProtocol:
-    def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True):
+    def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True,
+                 reply_input: str = "audio"):
         self.session_id = session_id
+        # The graph input for automatic replies (`replies` where the profile routes it straight
+        # to the dialog node; `audio` otherwise).
+        self.reply_input = reply_input
         # False: reply audio leaves as `SendAudio` actions (a media track), not `output_audio.delta` events.
         self.audio_deltas = audio_deltas
         self.state = SessionState.OPEN
@@ -428,7 +439,9 @@ class RealtimeProtocol:
         self._add_item(Item(item_id, "user", content))
         detection = self.config.turn_detection
         if fields.get("auto_reply") and (detection is None or detection.create_response):
-            self._create_response(response_settings(self.config, None))
+            # The dialog made this commit already, so the reply need not queue behind the audio
+            # appended since (on a loaded server, hundreds of ms in the VAD's inbox).
+            self._create_response(response_settings(self.config, None), graph_input=self.reply_input)
 
     def _reply_output(self, response: Response, message: Message) -> None:
         if response.state is not ResponseState.IN_PROGRESS:
@@ -455,7 +468,7 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ responses
 
-    def _create_response(self, settings: ResponseSettings) -> None:
+    def _create_response(self, settings: ResponseSettings, graph_input: str = "audio") -> None:
         response = Response(new_id("resp"), settings)
         self.responses[response.id] = response
         reply = ReplyParams(
@@ -468,7 +481,7 @@ class RealtimeProtocol:
             sampling=settings.sampling,
         )
         self._turns_processed = True
-        self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}))
+        self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}), graph_input)
         if self._active() is None:
             self._start(response)
 
@@ -590,8 +603,8 @@ class RealtimeProtocol:
     def _error(self, error: RealtimeError) -> None:
         self._send("error", error=error.to_wire())
 
-    def _to_graph(self, message: Message) -> None:
-        self._out.append(SendToGraph(message))
+    def _to_graph(self, message: Message, graph_input: str = "audio") -> None:
+        self._out.append(SendToGraph(message, graph_input))
 
     def _control(self, control: Control) -> None:
         self._out.append(ControlGraph(control))

@@ -49,6 +49,7 @@ from session_server.realtime.protocol import (
     RealtimeProtocol,
     SendEvent,
     SendToGraph,
+    reply_input_for,
 )
 from session_server.state import ServerState
 
@@ -194,7 +195,8 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
     offered = subprotocols(websocket.scope.get("headers", []))
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     session_id = f"sess_{secrets.token_hex(12)}"
-    protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars)
+    protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
+                                reply_input=reply_input_for(state.runtime.spec.inputs))
     link = _Link(websocket, protocol, settings, state.metrics)
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []

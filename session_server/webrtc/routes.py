@@ -27,7 +27,7 @@ from session_server.auth import bearer_key
 from session_server.errors import openai_error_response
 from session_server.realtime import events as ev
 from session_server.realtime.events import RealtimeError
-from session_server.realtime.protocol import RealtimeProtocol
+from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
 from session_server.realtime.session_config import apply_update
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
@@ -61,7 +61,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             _check_model(state, request.query_params.get("model") or session.get("model") or minted.get("model"))
             call_id, session_id = new_call_id()
             # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
-            protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False)
+            protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
+                                        reply_input=reply_input_for(state.runtime.spec.inputs))
             # The key's config first, then what came with the offer, each as a session.update patch.
             _initial_config(protocol, minted)
             _initial_config(protocol, session)

@@ -18,6 +18,7 @@ from session_server.realtime.protocol import (
     SendEvent,
     SendToGraph,
     SessionState,
+    reply_input_for,
 )
 
 
@@ -238,3 +239,21 @@ def test_output_audio_buffer_clear_cuts_the_active_reply():
     assert kinds(actions)[-2:] == ["response.done", "output_audio_buffer.cleared"]
     assert any(isinstance(a, ControlGraph) and isinstance(a.control, Interrupt) for a in actions)
     assert events(send(protocol, type="output_audio_buffer.clear"))[0]["error"]["code"] == "response_cancel_not_active"
+
+
+def test_an_automatic_reply_goes_to_the_reply_input_and_a_client_reply_stays_behind_the_audio():
+    protocol = RealtimeProtocol("sess_1", "model-x", reply_input="replies")
+    protocol.open()
+    auto = [a for a in commit(protocol, "item_a", 1) if isinstance(a, SendToGraph)]
+    assert [(a.input, a.message.name) for a in auto] == [("replies", "create_response")]
+    # A client's response.create may follow a commit the dialog has not made yet: it keeps the
+    # audio input's order.
+    protocol = RealtimeProtocol("sess_2", "model-x", reply_input="replies")
+    protocol.open()
+    asked = [a for a in send(protocol, type="response.create") if isinstance(a, SendToGraph)]
+    assert [(a.input, a.message.name) for a in asked] == [("audio", "create_response")]
+
+
+def test_the_reply_input_is_used_only_where_the_graph_has_one():
+    assert reply_input_for({"audio", "replies", "speech"}) == "replies"
+    assert reply_input_for({"audio", "speech"}) == "audio"
