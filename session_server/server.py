@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -58,15 +59,18 @@ async def run_server(
             server.should_exit = True
 
     app = create_app(state, on_startup_failure=fail_startup)
+    server = DrainingServer(uvicorn_config(app, host, port, log_level), state)
+    await server.serve()
+    return 1 if state.startup_error else 0
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     # No permessage-deflate: realtime traffic is base64 audio, which barely compresses, and
     # (de)compressing every 20 ms chunk cost ~15% of the event loop at 16 sessions (py-spy).
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on",
         ws="websockets-sansio", ws_max_size=WS_MAX_MESSAGE_BYTES, ws_per_message_deflate=False,
     )
-    server = DrainingServer(config, state)
-    await server.serve()
-    return 1 if state.startup_error else 0
 
 
 def run_blocking(coroutine) -> int:

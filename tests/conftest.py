@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-import uvicorn
 
 from graph.runtime import GraphRuntime
 from session_server.app import create_app
 from session_server.metrics import ServerMetrics
-from session_server.server import DrainingServer, WS_MAX_MESSAGE_BYTES
+from session_server.server import DrainingServer, uvicorn_config
 from session_server.state import ServerState, Settings
 
 
@@ -54,8 +53,7 @@ async def running_server(
         server.should_exit = True
 
     app = create_app(state, on_startup_failure=fail_startup)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", ws="websockets-sansio", ws_max_size=WS_MAX_MESSAGE_BYTES)
-    server = DrainingServer(config, state)
+    server = DrainingServer(uvicorn_config(app, "127.0.0.1", port, "warning"), state)
     serving = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(60):

@@ -180,3 +180,13 @@ async def test_a_session_opened_with_an_ephemeral_key_starts_with_the_config_min
             assert session["audio"]["input"]["turn_detection"] is None
             (graph_session,) = srv.runtime.sessions.values()
             assert graph_session.info.config["turn_detection"] is None  # the graph started in manual mode
+
+
+async def test_websockets_are_served_without_compression_even_when_the_client_offers_it():
+    async with server() as srv:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        # websockets offers permessage-deflate by default.
+        async with websockets.connect(f"{srv.ws_url}/v1/realtime", additional_headers=headers) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            assert ws.protocol.extensions == []
+            assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
