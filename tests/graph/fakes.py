@@ -7,9 +7,24 @@ import threading
 
 import numpy as np
 
+from graph.executor import ComputePool
 from graph.messages import AudioChunk, Control, Interrupt, Message, TextDelta, Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node, register_resource
+
+
+async def occupy(pool: ComputePool, gate: threading.Event) -> asyncio.Future:
+    """Makes a call that holds a worker thread until `gate` is set; returns once it is running."""
+    running = threading.Event()
+
+    def hold():
+        running.set()
+        return gate.wait(10)
+
+    blocker = asyncio.ensure_future(pool.run(hold))
+    while not running.is_set():
+        await asyncio.sleep(0.001)
+    return blocker
 
 
 @register_node("test.relay")

@@ -11,26 +11,13 @@ import numpy as np
 import pytest
 
 from graph.spec import GraphConfigError, parse_spec
+from tests.graph.fakes import occupy
 from graph.executor import PRIORITY_SPEECH, ComputePool, current_due
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
 from graph.runtime import GraphRuntime
 from graph.session import PlaybackClock
-
-
-async def hold_worker(pool: ComputePool, gate: threading.Event) -> asyncio.Future:
-    """Occupies the pool's (only) worker until `gate` is set; returns once it is running."""
-    running = threading.Event()
-
-    def hold():
-        running.set()
-        return gate.wait(10)
-
-    blocker = asyncio.ensure_future(pool.run(hold))
-    while not running.is_set():
-        await asyncio.sleep(0.001)
-    return blocker
 
 
 async def wait_queued(queue_depth, n: int) -> None:
@@ -52,7 +39,7 @@ async def test_calls_and_batches_of_several_batchers_share_the_workers_in_urgenc
     talker = pool.batcher("talker", recorder("talker"))
     gate = threading.Event()
     try:
-        blocker = await hold_worker(pool, gate)
+        blocker = await occupy(pool, gate)
         work = [asyncio.ensure_future(thinker.submit("a"))]
         await wait_queued(thinker.queue_depth, 1)
         work.append(asyncio.ensure_future(pool.run(order.append, "speech-call", priority=PRIORITY_SPEECH)))
@@ -107,7 +94,7 @@ async def test_work_with_an_earlier_due_time_runs_first():
     steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
     gate = threading.Event()
     try:
-        blocker = await hold_worker(pool, gate)
+        blocker = await occupy(pool, gate)
 
         async def submit(name: str, due: float):
             current_due.set(lambda: due)
@@ -153,7 +140,7 @@ async def test_shutdown_fails_queued_batcher_items_and_later_submits():
     pool = ComputePool(threads=1)
     steps = pool.batcher("steps", lambda items: items)
     gate = threading.Event()
-    blocker = await hold_worker(pool, gate)
+    blocker = await occupy(pool, gate)
     queued = asyncio.ensure_future(steps.submit("queued"))
     await wait_queued(steps.queue_depth, 1)
     pool.shutdown()

@@ -16,20 +16,7 @@ from graph.messages import Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
 from graph.runtime import GraphRuntime
-
-
-async def occupy(pool: ComputePool, gate: threading.Event) -> asyncio.Future:
-    """Makes a call that holds a worker thread until `gate` is set; returns once it is running."""
-    running = threading.Event()
-
-    def hold():
-        running.set()
-        return gate.wait(10)
-
-    blocker = asyncio.ensure_future(pool.run(hold))
-    while not running.is_set():
-        await asyncio.sleep(0.001)
-    return blocker
+from tests.graph.fakes import occupy
 
 
 async def test_a_realtime_call_overtakes_queued_speech_calls():
