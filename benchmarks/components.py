@@ -30,6 +30,8 @@ from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 # Each direct measurement runs this many times and the best run is reported: on a shared
 # machine the best run is the one least disturbed by other processes, the closest to the limit.
 REPEATS = 3
+# Sessions for the `batching` figures (the issue's 16-session point).
+BATCHED_SESSIONS = 16
 
 
 def run(config: str | None, quick: bool = False, seed: int = 0, deadline: float | None = None, max_output_tokens: int = 16) -> dict[str, Any]:
@@ -63,6 +65,10 @@ def run(config: str | None, quick: bool = False, seed: int = 0, deadline: float 
         results["speech"] = max(speech_runs, key=lambda r: r.get("audio_s_per_s", -1.0))
     else:
         results["speech"] = {"skipped": "deadline reached"}
+    if deadline is None or time.monotonic() < deadline:
+        results["batching"] = _guarded(batching_figures, omni, 4 if quick else BATCHED_SESSIONS, repeats)
+    else:
+        results["batching"] = {"skipped": "deadline reached"}
     return results
 
 
@@ -218,6 +224,33 @@ def reply_figures(omni: Any, utterance: Any, max_output_tokens: int) -> dict[str
             "compute_s": round(t["code2wav"], 3),
             "x_realtime": round(audio_s / t["code2wav"], 1) if t["code2wav"] else None,
         },
+    }
+
+
+def batching_figures(omni: Any, sessions: int, repeats: int = REPEATS) -> dict[str, Any]:
+    """Cross-session batching on its own: aggregate thinker decode tokens/s and talker frames/s
+    for 1 session and for `sessions` at once, through the shared executors the nodes use
+    (benchmarks/thinker_batching.py, talker_batching.py; best of `repeats` runs)."""
+    from benchmarks import talker_batching, thinker_batching
+    from nodes.qwen3_omni.talker_engine import TalkerModel
+
+    talker = TalkerModel(omni.model)
+
+    def best(measure, key: str, count: int) -> float:
+        return max(measure(count)[key] for _ in range(repeats))
+
+    thinker_1 = best(lambda n: thinker_batching.measure(omni, n, 32, "batched"), "tok_per_s", 1)
+    thinker_n = best(lambda n: thinker_batching.measure(omni, n, 32, "batched"), "tok_per_s", sessions)
+    talker_1 = best(lambda n: talker_batching.measure(omni, talker, n, 16, "batched"), "frames_per_s", 1)
+    talker_n = best(lambda n: talker_batching.measure(omni, talker, n, 16, "batched"), "frames_per_s", sessions)
+    return {
+        "sessions": sessions,
+        "thinker_tok_per_s_1": thinker_1,
+        f"thinker_tok_per_s_{sessions}": thinker_n,
+        "thinker_x": round(thinker_n / thinker_1, 1),
+        "talker_frames_per_s_1": talker_1,
+        f"talker_frames_per_s_{sessions}": talker_n,
+        "talker_x": round(talker_n / talker_1, 1),
     }
 
 

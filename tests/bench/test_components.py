@@ -13,8 +13,17 @@ def figures():
 
 
 def test_every_component_is_measured_on_the_embedded_default(figures):
-    for name in ("vad", "reply", "thinker", "talker", "code2wav", "speech"):
+    for name in ("vad", "reply", "thinker", "talker", "code2wav", "speech", "batching"):
         assert "skipped" not in figures[name], (name, figures[name])
+
+
+def test_the_batching_figures_compare_one_session_with_many_through_the_shared_executors(figures):
+    batching = figures["batching"]
+    many = batching["sessions"]
+    assert many == 4  # quick
+    assert batching["thinker_tok_per_s_1"] > 0 and batching[f"thinker_tok_per_s_{many}"] > 0
+    assert batching["thinker_x"] == round(batching[f"thinker_tok_per_s_{many}"] / batching["thinker_tok_per_s_1"], 1)
+    assert batching["talker_x"] == round(batching[f"talker_frames_per_s_{many}"] / batching["talker_frames_per_s_1"], 1)
 
 
 def test_the_direct_reply_figures_hang_together(figures):
