@@ -128,6 +128,13 @@ class ComputePool:
         for *_, pending in dropped:
             _deliver(pending, RuntimeError("the compute pool is shut down"))
 
+    def join(self, timeout: float | None = None) -> None:
+        """After `shutdown`: wait for the workers to finish the work they are running (blocking).
+        A native library (onnxruntime) must not be mid-call in a worker when the process exits."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for worker in self._workers:
+            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
     # ------------------------------------------------------------------ workers
 
     def _enqueue(self, queue: list[_Entry], priority: int, pending: _Pending) -> None:

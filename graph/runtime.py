@@ -184,6 +184,7 @@ class GraphRuntime:
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("stopping node %s failed", node.name)
         self.compute.shutdown()
+        await asyncio.to_thread(self.compute.join, 30.0)
         self.ready = False
 
     async def _reap_expired_sessions(self) -> None:

@@ -217,6 +217,8 @@ async def test_reply_side_nodes_compute_by_their_sessions_playback_clock():
         await session.close()
     finally:
         await runtime.stop(0)
+    # Stopped means the workers have exited: no native call is left running at process exit.
+    assert not any(worker.is_alive() for worker in runtime.compute._workers)
 
 
 def test_compute_threads_come_from_the_profile_and_are_validated():
