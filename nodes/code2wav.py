@@ -9,7 +9,8 @@ chunks (float32 mono, 24 kHz), then the `TurnDone`, so the transport's end of re
 follows the reply's last audio.
 
 The first chunk is decoded as soon as `first_chunk_frames` frames are in (1 frame = 57 ms of
-audio: low time-to-first-audio); later chunks double up to `chunk_frames` frames (1, 2, 4, 6, ...),
+audio: low time-to-first-audio); the second chunk is as small, then chunks double up to
+`chunk_frames` frames (1, 1, 2, 4, 6, ...),
 since every decode has a fixed per-call cost. Chunks join without seams: together they equal a
 one-shot decode (see `nodes/qwen3_omni/code2wav_stream.py`).
 

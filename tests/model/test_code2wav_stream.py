@@ -65,7 +65,7 @@ def test_streamed_chunks_concatenated_equal_the_one_shot_decode(decoder, first_c
     assert torch.allclose(streamed, one_shot, rtol=0, atol=1e-12)
 
 
-def test_first_chunk_is_one_frame_then_chunks_double_up_to_the_chunk_size(decoder):
+def test_first_chunk_is_one_frame_then_one_more_then_chunks_double_up_to_the_chunk_size(decoder):
     codes = torch.randint(0, CODEBOOK, (21, QUANTIZERS), generator=torch.Generator().manual_seed(2))
 
     chunks, stream = stream_in_pieces(decoder, codes, [1] * 21, first_chunk_frames=1, chunk_frames=6)
@@ -73,9 +73,9 @@ def test_first_chunk_is_one_frame_then_chunks_double_up_to_the_chunk_size(decode
     sizes = [len(chunk) for chunk in chunks]
     decoded_at = [i + 1 for i, size in enumerate(sizes) if size]
     assert sizes[0] == 1920 - 555  # 57 ms of audio after the first frame
-    assert decoded_at == [1, 3, 7, 13, 19, 21]  # chunks of 1, 2, 4, 6, 6 frames, then the final 2
-    assert sizes[1] == 0 and sizes[2] == 2 * 1920
-    assert sum(sizes) == 21 * 1920 - 555 and stream.decodes == 6
+    assert decoded_at == [1, 2, 4, 8, 14, 20, 21]  # chunks of 1, 1, 2, 4, 6, 6 frames, then the final 1
+    assert sizes[1] == 1920 and sizes[2] == 0 and sizes[3] == 2 * 1920
+    assert sum(sizes) == 21 * 1920 - 555 and stream.decodes == 7
 
 
 def test_two_interleaved_streams_on_one_model_do_not_disturb_each_other(decoder):
