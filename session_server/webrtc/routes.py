@@ -28,6 +28,7 @@ from session_server.errors import openai_error_response
 from session_server.realtime import events as ev
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
+from session_server.realtime.websocket import GRAPH_INPUT
 from session_server.realtime.session_config import apply_update
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
@@ -53,6 +54,7 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
     @app.post("/v1/realtime/calls")
     async def create_call(request: Request) -> Response:
         try:
+            _check_realtime_input(state)
             offer, session = await _read_offer(request)
             key = bearer_key(request.headers.raw)
             if key and state.settings.api_key is None:
@@ -150,6 +152,15 @@ def _check_model(state: ServerState, requested: Any) -> None:
             f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.",
             "model_not_found",
             "model",
+        )
+
+
+def _check_realtime_input(state: ServerState) -> None:
+    """A profile without the graph's `audio` input (e.g. the speech-only one) serves no calls."""
+    if GRAPH_INPUT not in state.runtime.spec.inputs:
+        raise CallRefused(
+            501, f"This server's graph has no `{GRAPH_INPUT}` input: it does not serve realtime calls.",
+            "realtime_unavailable", type="server_error",
         )
 
 

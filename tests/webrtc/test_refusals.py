@@ -132,3 +132,13 @@ async def test_server_shutdown_ends_every_call():
         await until_true(lambda: call.channel_closed.is_set(), timeout=10)
     finally:
         await session.__aexit__(None, None, None)
+
+
+async def test_a_graph_without_a_realtime_input_refuses_calls_with_501():
+    profile = webrtc_profile()
+    profile["inputs"] = {name: port for name, port in profile["inputs"].items() if name != "audio"}
+    async with running_server(profile, api_key=API_KEY) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            reply = await http.post("/v1/realtime/calls", content=await offer_without_audio(), headers={"Content-Type": "application/sdp"})
+        assert_error(reply, 501, "realtime_unavailable")
+        assert len(calls_of(server)) == 0 and not server.runtime.sessions
