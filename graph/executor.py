@@ -87,12 +87,7 @@ class ComputePool:
     async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        urgency = current_priority.get() if priority is None else priority
-        with self._ready:
-            if self._closed:
-                raise RuntimeError("the compute pool is shut down")
-            heapq.heappush(self._calls, (urgency, _due(), next(self._order), _Pending((fn, args), future, loop)))
-            self._ready.notify()
+        self._enqueue(self._calls, priority, _Pending((fn, args), future, loop), "the compute pool is shut down")
         try:
             return await future
         finally:
@@ -121,7 +116,6 @@ class ComputePool:
             self._closed = True
             dropped, self._calls = self._calls, []
             for batcher in self._batchers:
-                batcher._closed = True
                 dropped += batcher._queue
                 batcher._queue = []
             self._ready.notify_all()
@@ -137,10 +131,15 @@ class ComputePool:
 
     # ------------------------------------------------------------------ workers
 
-    def _enqueue(self, queue: list[_Entry], priority: int, pending: _Pending) -> None:
-        """Queue a batcher's item (under the pool's lock, so workers see it)."""
-        heapq.heappush(queue, (priority, _due(), next(self._order), pending))
-        self._ready.notify()
+    def _enqueue(self, queue: list[_Entry], priority: int | None, pending: _Pending, closed_message: str) -> None:
+        """Queue a call or a batcher's item at its urgency (the task's priority and due time unless
+        given); raises RuntimeError(closed_message) once the pool is shut down."""
+        urgency = current_priority.get() if priority is None else priority
+        with self._ready:
+            if self._closed:
+                raise RuntimeError(closed_message)
+            heapq.heappush(queue, (urgency, _due(), next(self._order), pending))
+            self._ready.notify()
 
     def _next(self) -> tuple[Batcher[Any, Any] | None, list[_Pending]] | None:
         """The next unit of work: (None, [call]) or (batcher, batch); None once shut down."""
@@ -238,19 +237,13 @@ class Batcher(Generic[Item, Result]):
         self._last_batch = 0
         self._queue: list[_Entry] = []  # guarded by the pool's lock
         self._running = False
-        self._closed = False
         self.batches_run = 0
         self.items_run = 0
 
     async def submit(self, item: Item, priority: int | None = None) -> Result:
-        if priority is None:
-            priority = current_priority.get()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        with self._pool._ready:
-            if self._closed:
-                raise RuntimeError(f"executor {self.name!r} is closed")
-            self._pool._enqueue(self._queue, priority, _Pending(item, future, loop))
+        self._pool._enqueue(self._queue, priority, _Pending(item, future, loop), f"executor {self.name!r} is closed")
         # If the caller is cancelled before the batch runs, the worker skips the item.
         return await future
 

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -126,8 +125,7 @@ class Code2WavSession(NodeSession):
     async def _push(self, stream: Code2WavStream, codes: torch.Tensor, final: bool) -> torch.Tensor:
         if not final and stream.pending_frames + int(codes.shape[0]) < stream.next_chunk_frames:
             return stream.push(codes)  # only queues the frames: no compute, no executor round trip
-        priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
-        return await self.node.pushes.submit((stream, codes, final), priority)
+        return await self.node.pushes.submit((stream, codes, final))
 
     async def _emit_audio(self, samples: torch.Tensor, source: Message, emit: Emit) -> None:
         if samples.numel() == 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import Embeddings, Features, Message
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -62,8 +61,7 @@ class EncodersSession(NodeSession):
             return
         tensors: dict[str, Any] = message.tensors
         if tensors.get("audio_features") or tensors.get("pixel_values") is not None:
-            priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
-            tensors = await self.node.batcher.submit(tensors, priority)
+            tensors = await self.node.batcher.submit(tensors)
         await emit(
             "embeddings",
             Embeddings(

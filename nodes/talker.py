@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -90,7 +89,8 @@ class TalkerNode(Node):
         self.model = await self.context.compute.run(TalkerModel, self.omni.model)
         # One shared executor: the frames that sessions want at the same time run as one batch.
         max_batch = int(self.params.get("max_batch", 16))
-        # batch_linger_ms: a worker that finds fewer replies queued than its last batch waits this long for the rest.
+        # batch_linger_ms: with fewer replies queued than its last batch, the batch waits this long for the
+        # rest (the compute worker runs other work meanwhile).
         linger_s = float(self.params.get("batch_linger_ms", 2.0)) / 1000.0
         self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch, linger_s=linger_s)
         bounds = getattr(self.omni, "bounds", None)
@@ -264,14 +264,13 @@ class TalkerSession(NodeSession):
     # ------------------------------------------------------------------ frames
 
     async def _speak(self, reply: TalkerReply, first: HiddenChunk, emit: Emit) -> None:
-        priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
         while not reply.finished:
             if not reply.ready():
                 self._wake.clear()
                 if not reply.ready():
                     await self._wake.wait()
                 continue
-            frame = await self.node.steps.submit(reply, priority)
+            frame = await self.node.steps.submit(reply)
             if frame is None:
                 break
             await emit(

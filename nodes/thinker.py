@@ -23,11 +23,11 @@ Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
 
 The per-session `ThinkerSession` (nodes/qwen3_omni/thinker_engine.py) keeps the KV cache across
 turns (its row of the model's shared slot cache): a turn prefills only its own tokens. Every model
-call goes through the node's shared `ThinkerExecutor` (nodes/qwen3_omni/batched_thinker.py, one
-worker thread, `max_batch` calls per batch): the decode steps of all sessions that are ready at
+call goes through the node's shared `ThinkerExecutor` (nodes/qwen3_omni/batched_thinker.py, a
+batcher on the compute pool, `max_batch` calls per batch): the decode steps of all sessions that are ready at
 the same moment run as ONE forward, and a new turn's prefill runs chunk by chunk between decode
 steps (it holds in-flight replies for at most one chunk). When fewer sessions are queued than
-the last batch held, the worker waits up to `batch_linger_ms` for the others to resubmit (the
+the last batch held, the batch waits up to `batch_linger_ms` for the others to resubmit (the
 first one back would otherwise start a batch of one). `kv_slots` x `kv_capacity` tokens of
 KV are allocated at start and grow on demand; on a GPU set them to the session cap and
 `max_seq_len` so that no growth step ever holds two copies. The event loop never computes, and an
@@ -53,7 +53,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
 from graph.messages import (
     Control,
     Embeddings,
@@ -129,7 +128,6 @@ class ThinkerNodeSession(NodeSession):
             node.omni, sampling, max_seq_len=node.max_seq_len, max_reply_tokens=node.max_reply_tokens
         )
         self.session_sampling = sampling
-        self.priority = PRIORITY_SPEECH if session.kind == "speech" else PRIORITY_REALTIME
         self.reply_key: tuple[int, str] | None = None  # (turn_id, response_id) of the reply streaming now
         self.last_reply_key: tuple[int, str] | None = None
         self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
@@ -179,7 +177,6 @@ class ThinkerNodeSession(NodeSession):
                     out_of_band=bool(reply and reply.out_of_band),
                     max_reply_tokens=reply.max_output_tokens if reply is not None else None,
                 ),
-                self.priority,
             )
         except ThinkerError as error:
             if reply is not None:
@@ -219,7 +216,7 @@ class ThinkerNodeSession(NodeSession):
         unsent: tuple[int, ...] = ()  # tokens whose text is held back (an incomplete UTF-8 sequence)
         try:
             while True:
-                step = await executor.decode(self.engine, self.priority)
+                step = await executor.decode(self.engine)
                 ids = () if step.token_id is None else (step.token_id,)
                 unsent += ids
                 if step.text:
@@ -272,7 +269,7 @@ class ThinkerNodeSession(NodeSession):
     async def _apply_truncate(self) -> None:
         heard, self.pending_truncate = self.pending_truncate, None
         if heard is not None:
-            await self.node.executor.call(self.engine.truncate_work(heard), self.priority)
+            await self.node.executor.call(self.engine.truncate_work(heard))
 
     async def _speak(self, message: Embeddings, emit: Emit) -> None:
         """A stateless speech request: the given text is the reply, spoken by the talker."""

@@ -22,7 +22,8 @@ Why not transformers' own machinery: re-packing DynamicCaches per step or one pa
 DynamicCache measured 2-6x slower here and stall on joins; continuous batching takes token ids
 only (no audio/image embeddings) and keeps KV in an evictable prefix cache.
 
-Priorities come from the `Batcher`: live sessions at `PRIORITY_REALTIME` go first.
+Priorities come from the `Batcher`: the session's, set by the runtime for its node task
+(graph/executor.py), so live sessions go before speech requests.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from graph.executor import PRIORITY_REALTIME
 from nodes.qwen3_omni.slot_cache import SlotKVCache
 
 if TYPE_CHECKING:
@@ -266,22 +266,22 @@ class ThinkerExecutor:
 
     def __init__(self, compute: Any, omni: OmniModel, max_batch: int = 64, name: str = "thinker",
                  linger_s: float = 0.002, **sizes: int):
-        """`linger_s`: how long the worker waits for the sessions of its last batch to come back
-        before it runs a smaller one (graph/executor.py)."""
+        """`linger_s`: how long a batch waits for the sessions of its last batch to come back
+        before it runs smaller (graph/executor.py: the compute worker runs other work meanwhile)."""
         self.runner = ThinkerRunner.for_model(omni, **sizes)
         self.batcher = compute.batcher(name, lambda calls: run_calls(self.runner, calls), max_batch=max_batch,
                                        linger_s=linger_s)
 
-    async def call(self, work: Work, priority: int = PRIORITY_REALTIME) -> Any:
+    async def call(self, work: Work, priority: int | None = None) -> Any:
         """Run one session's call (a generator from `ThinkerSession.*_work`) to its result."""
         call = _Call(work)
         while (result := await self.batcher.submit(call, priority)) is AGAIN:
             pass
         return result
 
-    async def decode(self, session: ThinkerSession, priority: int = PRIORITY_REALTIME) -> Any:
+    async def decode(self, session: ThinkerSession, priority: int | None = None) -> Any:
         return await self.call(session.decode_work(), priority)
 
-    async def prefill(self, session: ThinkerSession, turn: dict[str, Any], priority: int = PRIORITY_REALTIME,
+    async def prefill(self, session: ThinkerSession, turn: dict[str, Any], priority: int | None = None,
                       **options: Any) -> Any:
         return await self.call(session.prefill_work(turn, **options), priority)

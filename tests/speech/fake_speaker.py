@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from graph.errors import NodeFailure
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH
+from graph.executor import current_priority
 from graph.messages import AudioOut, Turn, TurnDone, Usage
 from graph.node import Node, NodeSession
 from graph.registry import register_node, register_resource
@@ -89,10 +89,9 @@ class FakeSpeaker(Node):
                 limit = reply.max_output_tokens or planned
                 chunks = min(planned, limit)
                 samples = int(RATE * float(node.params.get("chunk_ms", 100)) / 1000)
-                priority = PRIORITY_SPEECH if self.session.kind == "speech" else PRIORITY_REALTIME
-                node.priorities.append(priority)
+                node.priorities.append(current_priority.get())  # set by the runtime from the session kind
                 for index in range(chunks):
-                    audio = await node.batcher.submit((self.session.session_id, reply.voice, seed, index, samples), priority)
+                    audio = await node.batcher.submit((self.session.session_id, reply.voice, seed, index, samples))
                     await emit("audio", AudioOut(turn_id=turn.turn_id, response_id=reply.response_id, samples=audio))
                     if "FAIL" in turn.text:
                         raise NodeFailure("synthesis_failed", "the fake speaker was asked to fail")
