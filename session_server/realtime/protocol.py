@@ -71,16 +71,29 @@ class SendEvent:
     event: dict[str, Any]
 
 
+# The graph inputs a realtime session feeds: audio, images and commands, in order; and, where the
+# profile has it, one that leads straight to the dialog node (automatic replies, see `_committed`).
+AUDIO_INPUT = "audio"
+REPLIES_INPUT = "replies"
+
+
 def reply_input_for(graph_inputs: Collection[str]) -> str:
-    """The graph input for automatic replies: `replies` where the profile has one (it leads
-    straight to the dialog node), else `audio` (behind the queued audio, still correct)."""
-    return "replies" if "replies" in graph_inputs else "audio"
+    """The graph input for automatic replies: `replies` where the profile has one, else `audio`
+    (behind the queued audio, still correct)."""
+    return REPLIES_INPUT if REPLIES_INPUT in graph_inputs else AUDIO_INPUT
+
+
+def realtime_unavailable(graph_inputs: Collection[str]) -> str | None:
+    """Why a graph with these inputs cannot serve realtime sessions (None: it can)."""
+    if AUDIO_INPUT in graph_inputs:
+        return None
+    return f"This server's graph has no `{AUDIO_INPUT}` input: it does not serve realtime sessions."
 
 
 @dataclass(frozen=True)
 class SendToGraph:
     message: Message
-    input: str = "audio"
+    input: str = AUDIO_INPUT
 
 
 @dataclass(frozen=True)
@@ -147,7 +160,7 @@ class Response:
 
 class RealtimeProtocol:
     def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True,
-                 reply_input: str = "audio"):
+                 reply_input: str = AUDIO_INPUT):
         self.session_id = session_id
         # The graph input for automatic replies (`replies` where the profile routes it straight
         # to the dialog node; `audio` otherwise).
@@ -468,7 +481,7 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ responses
 
-    def _create_response(self, settings: ResponseSettings, graph_input: str = "audio") -> None:
+    def _create_response(self, settings: ResponseSettings, graph_input: str = AUDIO_INPUT) -> None:
         response = Response(new_id("resp"), settings)
         self.responses[response.id] = response
         reply = ReplyParams(
@@ -603,7 +616,7 @@ class RealtimeProtocol:
     def _error(self, error: RealtimeError) -> None:
         self._send("error", error=error.to_wire())
 
-    def _to_graph(self, message: Message, graph_input: str = "audio") -> None:
+    def _to_graph(self, message: Message, graph_input: str = AUDIO_INPUT) -> None:
         self._out.append(SendToGraph(message, graph_input))
 
     def _control(self, control: Control) -> None:

@@ -49,14 +49,12 @@ from session_server.realtime.protocol import (
     RealtimeProtocol,
     SendEvent,
     SendToGraph,
+    realtime_unavailable,
     reply_input_for,
 )
 from session_server.state import ServerState
 
 log = logging.getLogger("session_server.realtime")
-
-# The graph input realtime sessions feed (audio, images and commands, in order).
-GRAPH_INPUT = "audio"
 
 
 @dataclass(frozen=True)
@@ -234,8 +232,8 @@ def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtoco
     requested = websocket.query_params.get("model")
     if requested and requested != state.settings.model_id:
         return "model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."
-    if GRAPH_INPUT not in state.runtime.spec.inputs:
-        return "realtime_unavailable", f"This server's graph has no `{GRAPH_INPUT}` input for realtime sessions."
+    if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
+        return "realtime_unavailable", why
     minted_by = getattr(websocket.app.state, "client_secrets", None)
     minted = minted_by.session_of(request_key(websocket.scope)) if minted_by is not None else None
     if minted:

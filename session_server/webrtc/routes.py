@@ -27,8 +27,7 @@ from session_server.auth import bearer_key
 from session_server.errors import openai_error_response
 from session_server.realtime import events as ev
 from session_server.realtime.events import RealtimeError
-from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
-from session_server.realtime.websocket import GRAPH_INPUT
+from session_server.realtime.protocol import RealtimeProtocol, realtime_unavailable, reply_input_for
 from session_server.realtime.session_config import apply_update
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
@@ -156,12 +155,9 @@ def _check_model(state: ServerState, requested: Any) -> None:
 
 
 def _check_realtime_input(state: ServerState) -> None:
-    """A profile without the graph's `audio` input (e.g. the speech-only one) serves no calls."""
-    if GRAPH_INPUT not in state.runtime.spec.inputs:
-        raise CallRefused(
-            501, f"This server's graph has no `{GRAPH_INPUT}` input: it does not serve realtime calls.",
-            "realtime_unavailable", type="server_error",
-        )
+    """A profile without the realtime input (e.g. the speech-only one) serves no calls."""
+    if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
+        raise CallRefused(501, why, "realtime_unavailable", type="server_error")
 
 
 def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:
