@@ -27,6 +27,13 @@ async def occupy(pool: ComputePool, gate: threading.Event) -> asyncio.Future:
     return blocker
 
 
+async def wait_queued(queue_depth, n: int) -> None:
+    """Waits (5 s at most) until `queue_depth()` reports `n` queued items."""
+    async with asyncio.timeout(5):
+        while queue_depth() < n:
+            await asyncio.sleep(0.001)
+
+
 @register_node("test.relay")
 class Relay(Node):
     """Forwards audio chunks; records every session it opened and closed."""

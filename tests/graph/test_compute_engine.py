@@ -11,19 +11,13 @@ import numpy as np
 import pytest
 
 from graph.spec import GraphConfigError, parse_spec
-from tests.graph.fakes import occupy
+from tests.graph.fakes import occupy, wait_queued
 from graph.executor import PRIORITY_SPEECH, ComputePool, current_due
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
 from graph.runtime import GraphRuntime
 from graph.session import PlaybackClock
-
-
-async def wait_queued(queue_depth, n: int) -> None:
-    async with asyncio.timeout(5):
-        while queue_depth() < n:
-            await asyncio.sleep(0.001)
 
 
 async def test_calls_and_batches_of_several_batchers_share_the_workers_in_urgency_order():

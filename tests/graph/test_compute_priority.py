@@ -16,7 +16,7 @@ from graph.messages import Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
 from graph.runtime import GraphRuntime
-from tests.graph.fakes import occupy
+from tests.graph.fakes import occupy, wait_queued
 
 
 async def test_a_realtime_call_overtakes_queued_speech_calls():
@@ -33,8 +33,7 @@ async def test_a_realtime_call_overtakes_queued_speech_calls():
         speech = [asyncio.ensure_future(call(f"speech{i}", PRIORITY_SPEECH)) for i in range(3)]
         await asyncio.sleep(0)
         live = asyncio.ensure_future(call("live", PRIORITY_REALTIME))
-        while pool.queue_depth() < 4:
-            await asyncio.sleep(0.001)
+        await wait_queued(pool.queue_depth, 4)
         gate.set()
         await asyncio.gather(blocker, live, *speech)
         assert order == ["live", "speech0", "speech1", "speech2"]
@@ -51,8 +50,7 @@ async def test_an_explicit_priority_overrides_the_task_priority():
         current_priority.set(PRIORITY_REALTIME)
         late = asyncio.ensure_future(pool.run(order.append, "speech", priority=PRIORITY_SPEECH))
         early = asyncio.ensure_future(pool.run(order.append, "live"))
-        while pool.queue_depth() < 2:
-            await asyncio.sleep(0.001)
+        await wait_queued(pool.queue_depth, 2)
         gate.set()
         await asyncio.gather(blocker, late, early)
         assert order == ["live", "speech"]
@@ -67,8 +65,7 @@ async def test_a_cancelled_call_that_has_not_started_is_skipped():
     try:
         blocker = await occupy(pool, gate)
         doomed = asyncio.ensure_future(pool.run(ran.append, 1))
-        while pool.queue_depth() < 1:
-            await asyncio.sleep(0.001)
+        await wait_queued(pool.queue_depth, 1)
         doomed.cancel()
         gate.set()
         await blocker
@@ -99,8 +96,7 @@ async def test_the_pool_keeps_no_reference_to_finished_failed_or_skipped_calls()
             await pool.run(fail, failed)
         blocker = await occupy(pool, gate)
         doomed = asyncio.ensure_future(pool.run(id, skipped))
-        while pool.queue_depth() < 1:
-            await asyncio.sleep(0.001)
+        await wait_queued(pool.queue_depth, 1)
         doomed.cancel()
         gate.set()
         await blocker
@@ -120,8 +116,7 @@ async def test_shutdown_lets_running_calls_finish_fails_queued_and_later_calls()
     ran: list[str] = []
     blocker = await occupy(pool, gate)
     queued = asyncio.ensure_future(pool.run(ran.append, "queued"))
-    while pool.queue_depth() < 1:
-        await asyncio.sleep(0.001)
+    await wait_queued(pool.queue_depth, 1)
     pool.shutdown()
     gate.set()
     assert await blocker is True  # the running call delivered its result
@@ -170,8 +165,7 @@ async def test_a_batcher_submit_defaults_to_the_task_priority():
         speech = [asyncio.ensure_future(call(f"speech{i}", PRIORITY_SPEECH)) for i in range(2)]
         await asyncio.sleep(0)
         live = asyncio.ensure_future(call("live", PRIORITY_REALTIME))
-        while batcher.queue_depth() < 3:
-            await asyncio.sleep(0.001)
+        await wait_queued(batcher.queue_depth, 3)
         gate.set()
         await asyncio.gather(held, live, *speech)
         assert order == ["live", "speech0", "speech1"]

@@ -24,6 +24,16 @@ async def stream_speech(client: httpx.AsyncClient, words: int) -> None:
             pass
 
 
+async def live_reply(server):
+    """A live (realtime) session speaks one five-word reply; returns the session once it is done."""
+    live = await server.runtime.open_session("live-1", kind="realtime")
+    await live.send("speech", Turn(turn_id=0, role="assistant", text="a b c d e", speak=True, reply=ReplyParams(response_id="r1")))
+    async for message in live.outputs():
+        if isinstance(message, TurnDone):
+            break
+    return live
+
+
 async def test_a_live_reply_overtakes_queued_speech_work(tmp_path):
     profile = speaker_profile(tmp_path, step_delay_s=0.02, max_batch=1)
     async with running_server(profile, enable_realtime=False) as server:
@@ -32,11 +42,7 @@ async def test_a_live_reply_overtakes_queued_speech_work(tmp_path):
             speech = [asyncio.create_task(stream_speech(client, words=40)) for _ in range(4)]
             await eventually(lambda: len(node.steps) == 4 and min(node.steps.values()) >= 2, what="4 speech requests running")
 
-            live = await server.runtime.open_session("live-1", kind="realtime")
-            await live.send("speech", Turn(turn_id=0, role="assistant", text="a b c d e", speak=True, reply=ReplyParams(response_id="r1")))
-            async for message in live.outputs():
-                if isinstance(message, TurnDone):
-                    break
+            live = await live_reply(server)
             speech_progress = {sid: n for sid, n in node.steps.items() if sid != "live-1"}
             await live.close()
             for task in speech:
@@ -60,11 +66,7 @@ async def test_concurrent_speech_requests_share_executor_batches_with_live_sessi
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
             speech = [asyncio.create_task(stream_speech(client, words=10)) for _ in range(4)]
             await eventually(lambda: len(node.steps) == 4, what="4 speech requests running")
-            live = await server.runtime.open_session("live-1", kind="realtime")
-            await live.send("speech", Turn(turn_id=0, role="assistant", text="a b c d e", speak=True, reply=ReplyParams(response_id="r1")))
-            async for message in live.outputs():
-                if isinstance(message, TurnDone):
-                    break
+            live = await live_reply(server)
             await live.close()
             await asyncio.gather(*speech)
         # One executor (the node's shared batcher) served every request and the live session:
