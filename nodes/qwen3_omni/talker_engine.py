@@ -26,8 +26,10 @@ never read or written) and the code predictor is driven directly (its
 `generation_config.do_sample` is neither read nor written), so replies of many sessions can
 interleave on one model. `step_replies` steps the replies of many sessions at once: one talker
 decode forward for all (each reply's decode KV is a row of a shared slot cache, rows of different
-lengths side by side: talker_slots.py) and one batched code predictor (it starts afresh every
-frame with the same shapes for every reply).
+lengths side by side: talker_slots.py), one pick of all their talker codes (talker_sampling.py:
+transformers' processors as batched tensor ops) and one batched code predictor (it starts afresh
+every frame with the same shapes for every reply: code_predictor.py). Both forwards skip
+transformers' per-call wrappers where that gives the same numbers bit for bit (lean_layers.py).
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
 text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a
@@ -42,20 +44,13 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
-
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoePreTrainedModelForConditionalGeneration,
 )
 
+from nodes.qwen3_omni.code_predictor import CodePredictor
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
+from nodes.qwen3_omni.talker_sampling import CodeHistory, residual_codes, talker_codes
 from nodes.qwen3_omni.talker_slots import TalkerSlots
 
 __all__ = [
@@ -175,9 +170,13 @@ class TalkerModel:
         self.assistant_id = int(config.assistant_token_id)
         self.tts_pad_id = int(config.tts_pad_token_id)
         vocab = int(talker_config.text_config.vocab_size)
+        self.vocab_size = vocab
         # The top 1024 ids are codec specials and speakers; only codec EOS may be predicted.
         self.suppressed_ids = [i for i in range(vocab - 1024, vocab) if i != self.codec_eos_id]
         self.device = next(self.talker.parameters()).device
+        self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        self.suppress_mask[self.suppressed_ids] = True
+        self.code_predictor = CodePredictor(self.talker, self.num_code_groups)
         self.rope_view = _RopeView(self.talker, config.thinker_config.audio_config)
         with torch.inference_mode():
             specials = torch.tensor(
@@ -295,12 +294,11 @@ class TalkerReply:
         self._last_hidden: torch.Tensor | None = None  # talker output at the last position [1, 1, D]
         self._next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
         self._last_position: torch.Tensor | None = None  # [4, 1, 1]
-        self._first_codes: list[int] = []  # the talker's codes so far (repetition penalty input)
+        self.code_history = CodeHistory(talker.vocab_size, talker.device)  # repetition penalty input
         self.prefill_tokens = 0  # positions the prefill put through the talker (new user turns + block)
         self._generator = None
         if self.sampling.do_sample and self.sampling.seed is not None:
             self._generator = torch.Generator(device=talker.device).manual_seed(self.sampling.seed)
-        self._talker_processors, self._predictor_processors = self._processors()
 
     # ------------------------------------------------------------------ text in
 
@@ -353,14 +351,6 @@ class TalkerReply:
             raise result
         return result
 
-    def _first_code(self) -> int | None:
-        """Phase 1 of a step alone: the talker forward and its code; None when the reply has ended."""
-        phase = self._next_phase()
-        if phase is None:
-            return None
-        logits = self._prefill() if phase == "prefill" else TalkerSlots.for_model(self.talker).forward([self])[0]
-        return self._code_from(logits)
-
     def _next_phase(self) -> str | None:
         """What the next step does: "prefill", "decode", or None when the reply has ended."""
         if self._cancelled:
@@ -384,12 +374,13 @@ class TalkerReply:
         """A decode step's input [1, 1, D]: the last frame's code embeddings + this step's text."""
         return self._next_embeds + self._text_embed(self.frames)
 
-    def _code_from(self, logits: torch.Tensor) -> int | None:
-        first_code = self._pick(logits)
+    def _accept(self, first_code: int) -> bool:
+        """Record the talker's code; False when it is codec EOS (the reply ends, no frame)."""
+        self.code_history.add(first_code)
         if first_code == self.talker.codec_eos_id:
             self._finish("eos")
-            return None
-        return first_code
+            return False
+        return True
 
     def _finish(self, reason: str) -> None:
         if not self.finished:
@@ -450,35 +441,6 @@ class TalkerReply:
         self._last_position = positions[..., -1:]
         return self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
 
-    def _processors(self) -> tuple[LogitsProcessorList, LogitsProcessorList]:
-        sampling = self.sampling
-        talker = LogitsProcessorList()
-        if sampling.repetition_penalty != 1.0:
-            talker.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty), prompt_ignore_length=0))
-        talker.append(SuppressTokensLogitsProcessor(self.talker.suppressed_ids, device=self.talker.device))
-        predictor = LogitsProcessorList()
-        if sampling.do_sample:
-            if sampling.temperature != 1.0:
-                talker.append(TemperatureLogitsWarper(float(sampling.temperature)))
-            if sampling.top_k:
-                talker.append(TopKLogitsWarper(top_k=int(sampling.top_k)))
-            if sampling.top_p < 1.0:
-                talker.append(TopPLogitsWarper(top_p=float(sampling.top_p)))
-            predictor.extend([TopKLogitsWarper(top_k=50), TopPLogitsWarper(top_p=0.8)])
-        return talker, predictor
-
-    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
-        if not self.sampling.do_sample:
-            return torch.argmax(scores, dim=-1)
-        probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=self._generator).squeeze(1)
-
-    def _pick(self, logits: torch.Tensor) -> int:
-        previous = torch.tensor([self._first_codes], dtype=torch.long, device=logits.device)
-        code = int(self._choose(self._talker_processors(previous, logits))[0])
-        self._first_codes.append(code)
-        return code
-
 
 
 def talker_positions(talker: TalkerModel, history: TalkerHistory, talker_ids: torch.Tensor) -> torch.Tensor:
@@ -530,92 +492,79 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
     """One step of many replies (of any sessions) at once: their next frames, in order.
 
     Prefills run one by one. Decode steps run as one batched talker forward over the replies'
-    rows of the shared slot cache (a reply joins it at its first decode step), and the code
-    predictor, which starts afresh every frame with the same shapes for everyone, runs batched
-    too. A reply whose own work fails gets its exception back alone.
+    rows of the shared slot cache (a reply joins it at its first decode step); the talker codes
+    of all replies are picked at once (talker_sampling.py), and the code predictor, which starts
+    afresh every frame with the same shapes for everyone, runs batched too (code_predictor.py).
+    A reply whose own work fails gets its exception back alone.
     """
     results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
-    logits: dict[int, torch.Tensor] = {}
+    prefilled: dict[int, torch.Tensor] = {}  # index -> logits [1, V]
     decoding: list[int] = []
     for index, reply in enumerate(replies):
         try:
             phase = reply._next_phase()
             if phase == "prefill":
-                logits[index] = reply._prefill()
+                prefilled[index] = reply._prefill()
             elif phase == "decode":
                 decoding.append(index)
         except Exception as exc:  # noqa: BLE001 - fails that reply's session only
             results[index] = exc
+    decoded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, V], hidden [B, 1, D])
     if decoding:
         try:
-            batched = TalkerSlots.for_model(replies[0].talker).forward([replies[index] for index in decoding])
+            decoded = TalkerSlots.for_model(replies[0].talker).forward([replies[index] for index in decoding])
         except Exception as exc:  # noqa: BLE001 - the forward failed for all its replies
             for index in decoding:
                 results[index] = exc
-        else:
-            logits.update(zip(decoding, batched))
-    started: list[tuple[int, TalkerReply, int]] = []
-    for index in sorted(logits):
-        try:
-            code = replies[index]._code_from(logits[index])
-        except Exception as exc:  # noqa: BLE001
-            results[index] = exc
-            continue
-        if code is not None:
-            started.append((index, replies[index], code))
-    if started:
-        frames = _predict_residuals([reply for _, reply, _ in started], [code for _, _, code in started])
-        for (index, reply, _), frame in zip(started, frames):
-            reply.frames += 1
-            results[index] = frame
+    rows = sorted([*prefilled, *decoding]) if decoded is not None else sorted(prefilled)
+    if not rows:
+        return results
+    if decoded is not None and not prefilled:
+        logits, hidden = decoded
+    else:
+        by_index = dict(prefilled)
+        if decoded is not None:
+            by_index.update((index, decoded[0][row : row + 1]) for row, index in enumerate(decoding))
+        logits, hidden = torch.cat([by_index[index] for index in rows]), None
+    codes = _talker_codes([replies[index] for index in rows], logits, results, rows)
+    started = [row for row, index in enumerate(rows) if codes[row] is not None and replies[index]._accept(codes[row])]
+    if not started:
+        return results
+    started_replies = [replies[rows[row]] for row in started]
+    if hidden is None or len(started) != len(rows):
+        hidden = torch.cat([reply._last_hidden for reply in started_replies])
+    first = torch.tensor([codes[row] for row in started], device=hidden.device)
+    try:
+        frames, next_embeds = started_replies[0].talker.code_predictor.predict(
+            hidden, first, lambda _group, scores: residual_codes(started_replies, scores)
+        )
+    except Exception as exc:  # noqa: BLE001 - the code predictor failed for all its replies
+        for row in started:
+            results[rows[row]] = exc
+        return results
+    frames = frames.to("cpu", torch.long)
+    for row, reply in enumerate(started_replies):
+        reply._next_embeds = next_embeds[row : row + 1]
+        reply.frames += 1
+        results[rows[started[row]]] = frames[row]
     return results
 
 
-def _predict_residuals(replies: list[TalkerReply], first_codes: list[int]) -> list[torch.Tensor]:
-    """The code predictor's `num_code_groups - 1` residual codes for each reply's current frame.
-
-    Also prepares each reply's next input: the sum of its frame's code embeddings, summed in the
-    order `generate()` sums them.
-    """
-    talker = replies[0].talker
-    predictor = talker.talker.code_predictor
-    batch = len(replies)
-    first = torch.tensor([[code] for code in first_codes], device=talker.device)
-    first_embed = talker.talker.get_input_embeddings()(first)  # [B, 1, D]
-    last_hidden = torch.cat([reply._last_hidden for reply in replies], dim=0)
-    cache = DynamicCache(config=predictor.config)
-    no_history = torch.empty((1, 0), dtype=torch.long, device=talker.device)
-    out = predictor(inputs_embeds=torch.cat((last_hidden, first_embed), dim=1), cache=cache, use_cache=True)
-    codes = [first.view(batch)]
-    embeds = [first_embed]
-    for group in range(1, talker.num_code_groups):
-        logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-        code = _choose_residuals(replies, logits, no_history).view(batch, 1)
-        codes.append(code.view(batch))
-        embed = predictor.get_input_embeddings()[group - 1](code)
-        embeds.append(embed)
-        if group < talker.num_code_groups - 1:
-            out = predictor(input_ids=code, cache=cache, use_cache=True, generation_steps=group)
-    next_embeds = torch.cat(embeds, dim=1).sum(1, keepdim=True)  # [B, 1, D]
-    frames = torch.stack(codes, dim=1).to("cpu", torch.long)  # [B, G]
-    for row, reply in enumerate(replies):
-        reply._next_embeds = next_embeds[row : row + 1]
-    return list(frames)
-
-
-def _choose_residuals(replies: list[TalkerReply], logits: torch.Tensor, no_history: torch.Tensor) -> torch.Tensor:
-    """One residual code per row of `logits` [B, V]: greedy rows by one argmax; sampled rows through
-    the code predictor's processors at once, drawn from each reply's own generator when it has one."""
-    codes = torch.argmax(logits, dim=-1)
-    sampled = [row for row, reply in enumerate(replies) if reply.sampling.do_sample]
-    if not sampled:
-        return codes
-    rows = torch.tensor(sampled, device=logits.device)
-    probs = torch.softmax(replies[sampled[0]]._predictor_processors(no_history, logits[rows]), dim=-1)
-    shared = [i for i, row in enumerate(sampled) if replies[row]._generator is None]
-    if shared:
-        codes[rows[shared]] = torch.multinomial(probs[shared], num_samples=1).squeeze(1)
-    for i, row in enumerate(sampled):
-        if replies[row]._generator is not None:
-            codes[row] = torch.multinomial(probs[i : i + 1], num_samples=1, generator=replies[row]._generator)[0, 0]
+def _talker_codes(
+    replies: list[TalkerReply], logits: torch.Tensor, results: list[Any], indices: list[int]
+) -> list[int | None]:
+    """The talker code of each reply, all at once; if that fails, reply by reply, so that only the
+    reply whose pick fails gets the exception (None: see `results`)."""
+    suppress = replies[0].talker.suppress_mask
+    try:
+        return talker_codes(replies, logits, suppress).tolist()
+    except Exception:  # noqa: BLE001
+        pass
+    codes: list[int | None] = []
+    for row, (reply, index) in enumerate(zip(replies, indices)):
+        try:
+            codes.append(int(talker_codes([reply], logits[row : row + 1], suppress)[0]))
+        except Exception as exc:  # noqa: BLE001
+            results[index] = exc
+            codes.append(None)
     return codes

@@ -12,8 +12,11 @@ history keeps is exactly the prefill's KV.
 Before this, each batched step copied every reply's whole KV into a fresh left-padded
 `DynamicCache` and the new column back: O(context) copies per reply per frame.
 
-Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
-through): tests/model/test_talker.py's batched-vs-alone and test_generate_equivalence.py guard it.
+The forward runs the talker's decoder layers through `lean_layers.run_layer` (the same numbers
+as `talker.model(...)`, without transformers' per-call wrappers) unless something hooks the
+model. Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
+through): tests/model/test_talker.py's batched-vs-alone, test_lean_talker.py and
+test_generate_equivalence.py guard it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nodes.qwen3_omni.slot_cache import SlotKVCache
+from nodes.qwen3_omni.lean_layers import LeanStack, run_layer
+from nodes.qwen3_omni.slot_cache import SlotBatch, SlotKVCache
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.talker_engine import TalkerModel, TalkerReply
@@ -40,6 +44,7 @@ class TalkerSlots:
         self.cache = SlotKVCache.for_text_config(
             talker.talker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity
         )
+        self.stack = LeanStack(talker.talker.model)
         self.forwards = 0
 
     @classmethod
@@ -70,25 +75,42 @@ class TalkerSlots:
         reply._slot_release = None
 
     @torch.inference_mode()
-    def forward(self, replies: list[TalkerReply]) -> list[torch.Tensor]:
+    def forward(self, replies: list[TalkerReply]) -> tuple[torch.Tensor, torch.Tensor]:
         """One talker decode forward for `replies` (each joins a row first if it has none) ->
-        codec logits `[1, vocab]` per reply; sets each reply's last hidden state and position."""
+        codec logits [B, vocab] (float32) and the talker's outputs [B, 1, D]; sets each reply's
+        last hidden state and position."""
         for reply in replies:
             if getattr(reply, "_slot", None) is None:
                 self.join(reply)
-        talker = self.talker
         embeds = torch.cat([reply._next_input() for reply in replies], dim=0)  # [B, 1, D]
-        positions = torch.cat([reply._last_position + 1 for reply in replies], dim=1)  # [4, B, 1]
+        positions = torch.cat([reply._last_position for reply in replies], dim=1) + 1  # [4, B, 1]
         with self.cache.lock:
             batch = self.cache.batch([reply._slot for reply in replies], 1)
-            out = talker.talker.model(
-                inputs_embeds=embeds, position_ids=positions, attention_mask=batch.mask, cache=batch, use_cache=True
-            )
+            if self.stack.usable():
+                hidden = self._lean_forward(embeds, positions, batch)
+            else:
+                out = self.talker.talker.model(
+                    inputs_embeds=embeds, position_ids=positions, attention_mask=batch.mask, cache=batch, use_cache=True
+                )
+                hidden = out.last_hidden_state  # [B, 1, D]
             batch.commit()
         self.forwards += 1
-        hidden = out.last_hidden_state  # [B, 1, D]
-        logits = talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
+        logits = self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
         for row, reply in enumerate(replies):
             reply._last_hidden = hidden[row : row + 1, -1:]
             reply._last_position = positions[:, row : row + 1, -1:]
-        return [logits[row : row + 1] for row in range(len(replies))]
+        return logits, hidden
+
+    def _lean_forward(self, embeds: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+        """What `talker.model(inputs_embeds, position_ids [4, B, 1], attention_mask=batch.mask,
+        cache=batch)` computes (the text row of the positions goes to attention, the 3 rope rows
+        to the rotary; the 4-D mask is used as is), through `lean_layers.run_layer`."""
+        stack = self.stack
+        cos, sin = stack.model.rotary_emb.forward(embeds, positions[1:])
+        attention = stack.attention()
+        hidden = embeds
+        for layer in stack.layers:
+            hidden = run_layer(
+                layer, hidden, cos, sin, batch.mask, batch.update, attention, position_ids=positions[0], use_cache=False
+            )
+        return stack.norm.forward(hidden)

@@ -1,0 +1,139 @@
+"""The code predictor's pass for one frame of many replies: `num_code_groups - 1` residual codes each.
+
+The predictor starts afresh every frame: position 0 is the talker's last hidden state, position 1
+the embedding of the talker's code, then one position per residual code. Every reply of a step
+has the same length, so the batch needs no mask and no padding, and the rotary cos/sin of each
+forward are the same every frame (computed once, by the predictor's own rotary module).
+
+`predict_residuals` runs what `generate()` runs (`code_predictor(inputs_embeds=[hidden, code])`
+then one `code_predictor(input_ids=code, generation_steps=g)` per group, on a fresh
+`DynamicCache`), through `lean_layers.run_layer` where that applies (bit for bit the same
+numbers, a fraction of the Python); otherwise (hooks, training, an unmirrored layer, a mask the
+attention needs) through the HF module exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from nodes.qwen3_omni.lean_layers import LeanStack, run_layer
+
+# chooser(group, logits [B, V] float32) -> codes [B] (long): greedy or sampled, per reply.
+Chooser = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class CodePredictor:
+    """One talker's code predictor (shared by every reply on that talker)."""
+
+    def __init__(self, talker: Any, num_code_groups: int):
+        self.predictor = talker.code_predictor
+        self.codec_embedding = talker.get_input_embeddings()
+        self.num_code_groups = num_code_groups
+        self.stack = LeanStack(self.predictor.model)
+        self._lean: bool | None = None  # decided at the first call (needs a probe forward)
+        self._rope: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, ...]]] = {}
+        self.lean_calls = 0  # how many frames took the lean path (tests read it)
+
+    @torch.inference_mode()
+    def predict(self, last_hidden: torch.Tensor, first_codes: torch.Tensor, choose: Chooser) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual codes of each reply's frame.
+
+        `last_hidden` [B, 1, D]: the talker's output at each reply's last position; `first_codes`
+        [B]: the talker's codes. Returns the frames [B, num_code_groups] (on the model's device)
+        and the sum of each frame's code embeddings [B, 1, D] (the reply's next talker input,
+        summed in the order `generate()` sums them).
+        """
+        first_embed = self.codec_embedding(first_codes.view(-1, 1))  # [B, 1, D]
+        inputs = torch.cat((last_hidden, first_embed), dim=1)
+        if self._use_lean(inputs):
+            self.lean_calls += 1
+            codes, embeds = self._lean_pass(inputs, choose)
+        else:
+            codes, embeds = self._hf_pass(inputs, choose)
+        next_embeds = torch.cat([first_embed, *embeds], dim=1).sum(1, keepdim=True)
+        return torch.stack([first_codes.view(-1), *codes], dim=1), next_embeds
+
+    # ------------------------------------------------------------------ the two paths
+
+    def _hf_pass(self, inputs: torch.Tensor, choose: Chooser) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        predictor = self.predictor
+        cache = DynamicCache(config=predictor.config)
+        out = predictor(inputs_embeds=inputs, cache=cache, use_cache=True)
+        codes, embeds = [], []
+        for group in range(1, self.num_code_groups):
+            code = choose(group, out.logits[:, -1, :].to(copy=True, dtype=torch.float32)).view(-1, 1)
+            codes.append(code.view(-1))
+            embeds.append(predictor.get_input_embeddings()[group - 1](code))
+            if group < self.num_code_groups - 1:
+                out = predictor(input_ids=code, cache=cache, use_cache=True, generation_steps=group)
+        return codes, embeds
+
+    def _lean_pass(self, inputs: torch.Tensor, choose: Chooser) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        stack, predictor = self.stack, self.predictor
+        attention = stack.attention()
+        ropes = self._ropes(inputs)
+        empty = inputs.new_empty(0)
+        keys: list[torch.Tensor] = [empty] * len(stack.layers)
+        values: list[torch.Tensor] = [empty] * len(stack.layers)
+
+        def update(key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+            # DynamicLayer.update: a cat onto what the layer holds (a copy even at the first call).
+            keys[layer] = torch.cat([keys[layer], key], dim=-2)
+            values[layer] = torch.cat([values[layer], value], dim=-2)
+            return keys[layer], values[layer]
+
+        hidden = inputs
+        codes, embeds = [], []
+        for group in range(1, self.num_code_groups):
+            positions, cos, sin = ropes[group - 1]
+            for layer in stack.layers:
+                hidden = run_layer(layer, hidden, cos, sin, None, update, attention, position_ids=positions, use_cache=True)
+            logits = predictor.lm_head[group - 1].forward(stack.norm.forward(hidden))
+            code = choose(group, logits[:, -1, :].to(copy=True, dtype=torch.float32)).view(-1, 1)
+            codes.append(code.view(-1))
+            hidden = predictor.model.codec_embedding[group - 1].forward(code)
+            embeds.append(hidden)
+        return codes, embeds
+
+    # ------------------------------------------------------------------ checks and tables
+
+    def _use_lean(self, inputs: torch.Tensor) -> bool:
+        if not self.stack.usable():
+            return False
+        if self._lean is None:
+            self._lean = self._masks_are_none(inputs)
+        return self._lean
+
+    def _masks_are_none(self, inputs: torch.Tensor) -> bool:
+        """Whether the HF predictor hands its layers no attention mask (the causal case the
+        attention function handles itself: sdpa, flash). The lean pass passes none; with an
+        attention that needs one (eager), the HF path is kept."""
+        masks: list[Any] = []
+        layer = self.stack.layers[0]
+        handle = layer.register_forward_pre_hook(lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
+        try:
+            self._hf_pass(inputs[:1], lambda _g, logits: logits.argmax(-1))
+        finally:
+            handle.remove()
+        return all(mask is None for mask in masks)
+
+    def _ropes(self, inputs: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(position_ids, cos, sin) of each forward of a frame: positions [0, 1], then [2], [3], ...
+        made by the predictor's rotary module exactly as its forward makes them."""
+        key = (inputs.dtype, inputs.device)
+        ropes = self._rope.get(key)
+        if ropes is None:
+            rotary = self.predictor.model.rotary_emb
+            ropes = []
+            for group in range(1, self.num_code_groups):
+                positions = torch.arange(2, device=inputs.device) if group == 1 else torch.arange(1, device=inputs.device) + group
+                positions = positions.unsqueeze(0)
+                probe = inputs[:1, : positions.shape[1]]
+                cos, sin = rotary(probe, positions)
+                ropes.append((positions, cos, sin))
+            self._rope[key] = ropes
+        return ropes
