@@ -59,6 +59,7 @@ __all__ = [
     "TalkerModel",
     "TalkerReply",
     "TalkerSampling",
+    "decode_inputs",
     "prefill_user_turns",
     "step_replies",
     "talker_positions",
@@ -370,10 +371,6 @@ class TalkerReply:
             return None
         return "prefill"
 
-    def _next_input(self) -> torch.Tensor:
-        """A decode step's input [1, 1, D]: the last frame's code embeddings + this step's text."""
-        return self._next_embeds + self._text_embed(self.frames)
-
     def _accept(self, first_code: int) -> bool:
         """Record the talker's code; False when it is codec EOS (the reply ends, no frame)."""
         self.code_history.add(first_code)
@@ -391,11 +388,12 @@ class TalkerReply:
 
     # ------------------------------------------------------------------ compute
 
-    def _text_embed(self, step: int) -> torch.Tensor:
-        """What step `step` reads: reply token `step`, tts_eos for the last token, then tts_pad."""
+    def _text_input(self, step: int) -> int | torch.Tensor:
+        """What step `step` reads: reply token `step` (its id: `decode_inputs` embeds the tokens of
+        all replies at once), tts_eos [1, 1, D] for the last token, then tts_pad."""
         last = len(self._text) - 1
         if step < last:
-            return self.talker.text_embeds(torch.tensor([self._text[step]])).unsqueeze(0)
+            return self._text[step]
         if step == last:
             return self.talker.tts_eos
         return self.talker.tts_pad
@@ -512,7 +510,8 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
     decoded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, V], hidden [B, 1, D])
     if decoding:
         try:
-            decoded = TalkerSlots.for_model(replies[0].talker).forward([replies[index] for index in decoding])
+            batch = [replies[index] for index in decoding]
+            decoded = TalkerSlots.for_model(batch[0].talker).forward(batch, decode_inputs(batch))
         except Exception as exc:  # noqa: BLE001 - the forward failed for all its replies
             for index in decoding:
                 results[index] = exc
@@ -548,6 +547,24 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
         reply.frames += 1
         results[rows[started[row]]] = frames[row]
     return results
+
+
+def decode_inputs(replies: list[TalkerReply]) -> torch.Tensor:
+    """The decode steps' inputs [B, 1, D]: each reply's last frame's code embeddings + what its
+    step reads. The reply tokens of all the replies go through the text projection in one call."""
+    talker = replies[0].talker
+    texts = [reply._text_input(reply.frames) for reply in replies]
+    tokens = [text for text in texts if isinstance(text, int)]
+    if tokens:
+        embedded = talker.text_embeds(torch.tensor(tokens)).unsqueeze(1)  # [n, 1, D]
+        if len(tokens) == len(texts):
+            text = embedded
+        else:
+            rows = iter(range(len(tokens)))
+            text = torch.cat([embedded[next(rows)][None] if isinstance(t, int) else t for t in texts])
+    else:
+        text = torch.cat(texts)
+    return torch.cat([reply._next_embeds for reply in replies]) + text
 
 
 def _talker_codes(

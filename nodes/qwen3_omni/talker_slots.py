@@ -75,14 +75,13 @@ class TalkerSlots:
         reply._slot_release = None
 
     @torch.inference_mode()
-    def forward(self, replies: list[TalkerReply]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One talker decode forward for `replies` (each joins a row first if it has none) ->
-        codec logits [B, vocab] (float32) and the talker's outputs [B, 1, D]; sets each reply's
-        last hidden state and position."""
+    def forward(self, replies: list[TalkerReply], embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One talker decode forward of `embeds` [B, 1, D] for `replies` (each joins a row first if
+        it has none) -> codec logits [B, vocab] (float32) and the talker's outputs [B, 1, D]; sets
+        each reply's last hidden state and position."""
         for reply in replies:
             if getattr(reply, "_slot", None) is None:
                 self.join(reply)
-        embeds = torch.cat([reply._next_input() for reply in replies], dim=0)  # [B, 1, D]
         positions = torch.cat([reply._last_position for reply in replies], dim=1) + 1  # [4, B, 1]
         with self.cache.lock:
             batch = self.cache.batch([reply._slot for reply in replies], 1)

@@ -24,7 +24,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, TalkerSampling, step_replies
+from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, TalkerSampling, decode_inputs, step_replies
 from nodes.qwen3_omni.talker_sampling import CodeHistory, residual_codes, talker_codes
 from nodes.qwen3_omni.talker_slots import TalkerSlots
 from tests.model.test_talker import model, prompt_ids, talker  # noqa: F401 - fixtures
@@ -178,7 +178,7 @@ def test_the_lean_talker_decode_forward_gives_the_hf_forwards_outputs_bit_for_bi
     positions = [reply._last_position for reply in replies]
 
     def forward():
-        logits, hidden = slots.forward(replies)
+        logits, hidden = slots.forward(replies, decode_inputs(replies))
         keys = [slots.cache.row(reply._slot, layer)[0].clone() for reply in replies for layer in range(2)]
         for reply, length, position in zip(replies, lengths, positions):  # undo the step
             slots.cache.set_length(reply._slot, length)
