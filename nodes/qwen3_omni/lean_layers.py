@@ -10,8 +10,10 @@ MoE block keep their own code and weights: no copies) and the attention function
 would pick (`config._attn_implementation`).
 
 It is used only where that holds (`LeanStack.usable`): the layer classes it mirrors, eval mode,
-no sliding-window attention, no hooks. A hook on the stack's model (e.g. a test recording the
-talker's inputs) sends the call back through the HF module, so hooks always see what they hook.
+no sliding-window attention, no hooks. A hook on the stack's model (checked at every call; e.g.
+a test recording the talker's inputs) or a global module hook sends the call back through the
+HF module, so hooks see what they hook; hooks on the layers' submodules are checked once, when
+the stack is built (the model's owners register none).
 
 transformers coupling (pinned in pyproject): the two layer classes' `forward` bodies.
 tests/model/test_lean_talker.py (lean == HF modules, bit for bit) and

@@ -525,14 +525,17 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
         if decoded is not None:
             by_index.update((index, decoded[0][row : row + 1]) for row, index in enumerate(decoding))
         logits, hidden = torch.cat([by_index[index] for index in rows]), None
-    codes = _talker_codes([replies[index] for index in rows], logits, results, rows)
+    codes, picked = _talker_codes([replies[index] for index in rows], logits, results, rows)
     started = [row for row, index in enumerate(rows) if codes[row] is not None and replies[index]._accept(codes[row])]
     if not started:
         return results
     started_replies = [replies[rows[row]] for row in started]
+    if picked is not None and len(started) == len(rows):
+        first = picked
+    else:
+        first = torch.tensor([codes[row] for row in started], device=logits.device)
     if hidden is None or len(started) != len(rows):
         hidden = torch.cat([reply._last_hidden for reply in started_replies])
-    first = torch.tensor([codes[row] for row in started], device=hidden.device)
     try:
         frames, next_embeds = started_replies[0].talker.code_predictor.predict(
             hidden, first, lambda _group, scores: residual_codes(started_replies, scores)
@@ -569,12 +572,14 @@ def decode_inputs(replies: list[TalkerReply]) -> torch.Tensor:
 
 def _talker_codes(
     replies: list[TalkerReply], logits: torch.Tensor, results: list[Any], indices: list[int]
-) -> list[int | None]:
-    """The talker code of each reply, all at once; if that fails, reply by reply, so that only the
-    reply whose pick fails gets the exception (None: see `results`)."""
+) -> tuple[list[int | None], torch.Tensor | None]:
+    """The talker code of each reply (and as a tensor [B]), all at once; if that fails, reply by
+    reply (no tensor), so that only the reply whose pick fails gets the exception (None: see
+    `results`)."""
     suppress = replies[0].talker.suppress_mask
     try:
-        return talker_codes(replies, logits, suppress).tolist()
+        picked = talker_codes(replies, logits, suppress)
+        return picked.tolist(), picked
     except Exception:  # noqa: BLE001
         pass
     codes: list[int | None] = []
@@ -584,4 +589,4 @@ def _talker_codes(
         except Exception as exc:  # noqa: BLE001
             results[index] = exc
             codes.append(None)
-    return codes
+    return codes, None
