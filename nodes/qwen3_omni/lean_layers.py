@@ -40,9 +40,10 @@ KVUpdate = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch
 
 
 def _hooked(module: torch.nn.Module) -> bool:
+    """Forward hooks, or accelerate's (device placement / offload wraps `forward`)."""
     return bool(
         module._forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
-        or module._forward_pre_hooks_with_kwargs
+        or module._forward_pre_hooks_with_kwargs or module.__dict__.get("_hf_hook") is not None
     )
 
 

@@ -440,7 +440,6 @@ class TalkerReply:
         return self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
 
 
-
 def talker_positions(talker: TalkerModel, history: TalkerHistory, talker_ids: torch.Tensor) -> torch.Tensor:
     """[4, 1, L] positions of the talker ids [1, L]: the text row, then the 3 rope rows (3-D only
     around images). Positions run left to right, so a prefix's positions do not depend on what
