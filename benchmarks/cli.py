@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--turns", type=int, help="realtime: spoken turns per session (default 2; quick 1)")
     load.add_argument("--max-output-tokens", type=int, default=16, help="realtime: thinker tokens per reply (bounds the run; default 16)")
     load.add_argument("--stagger", type=float, default=1.0, help="realtime: sessions start at seeded offsets within this many seconds")
+    load.add_argument("--spread-sessions", type=_ints, help="realtime: levels run again with start offsets spread over --spread seconds (default 16 when --sessions is not given; quick none)")
+    load.add_argument("--spread", type=float, default=6.0, help="realtime: the spread levels' start window, about one turn cycle of the default load (default 6 s)")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
     load.add_argument("--webrtc-sessions", type=_ints, help="webrtc: concurrent calls per level (default 1,2; quick 1)")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
     )
     sessions = args.sessions or ((1, 2) if quick else (1, 4, 16))
+    spread_sessions = args.spread_sessions if args.spread_sessions is not None else (() if quick or args.sessions else (16,))
     speech_settings = SpeechSettings(
         concurrency=args.concurrency or ((1, 2) if quick else (1, 4, 16, 32)),
         level_budget_s=args.level_budget or (2.0 if quick else 15.0),
@@ -143,7 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "scenarios": scenarios,
             "webrtc": {"sessions": list(args.webrtc_sessions or ((1,) if quick else (1, 2)))},
-            "realtime": {"sessions": list(sessions), **{k: getattr(realtime_settings, k) for k in ("turns", "stagger_s", "turn_timeout_s", "max_output_tokens")}},
+            "realtime": {"sessions": list(sessions), "spread_sessions": list(spread_sessions), "spread_s": args.spread,
+                         **{k: getattr(realtime_settings, k) for k in ("turns", "stagger_s", "turn_timeout_s", "max_output_tokens")}},
             "speech": {"concurrency": list(speech_settings.concurrency), "level_budget_s": speech_settings.level_budget_s, "batch_items": speech_settings.batch_items},
         },
     }
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     deadline = started + args.deadline
     out = Path(args.out)
     if {"realtime", "webrtc", "speech"} & set(scenarios):
-        _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out)
+        _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out)
     if "components" in scenarios:
         from benchmarks import components
         from benchmarks.server import ResourceMonitor
@@ -166,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speech_settings, deadline, out) -> None:
+def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out) -> None:
     from benchmarks import realtime, speech
     from benchmarks.server import ManagedServer, ResourceMonitor, ServerHandle, remote_model_id
 
@@ -179,24 +184,27 @@ def _run_against_server(args, doc, scenarios, sessions, realtime_settings, speec
         context: Any = _Given(handle)
     else:
         log_path = out / f"{args.name}-server.log"
-        needed = [*(sessions if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
+        needed = [*(sessions if "realtime" in scenarios else ()), *(spread_sessions if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
         context = ManagedServer(args.config, max(needed), log_path, args.api_key)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
         if "realtime" in scenarios:
             levels = []
-            for count in sessions:
+            spread_settings = dataclasses.replace(realtime_settings, stagger_s=args.spread)
+            plan = [(count, "together", realtime_settings) for count in sessions]
+            plan += [(count, "spread", spread_settings) for count in spread_sessions]
+            for count, arrivals, settings in plan:
                 if time.monotonic() > deadline:
-                    levels.append(_skipped_level(count, "deadline reached"))
+                    levels.append({**_skipped_level(count, "deadline reached"), "arrivals": arrivals})
                     continue
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
-                    results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, realtime_settings))
-                level = realtime.summarize_level(count, results, wall, realtime_settings)
+                    results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
+                level = realtime.summarize_level(count, results, wall, settings, arrivals)
                 level["server"] = monitor.summary(count)
                 # The load generator's own CPU: on a small machine it competes with the server.
                 level["client_cpu_percent"] = client.cpu_percent()
                 levels.append(level)
-                print(f"realtime N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
+                print(f"realtime N={report.level_label(level)}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
                 time.sleep(0.5)  # let the server free the sessions before the next level
             doc["realtime"] = {"levels": levels}
         if "webrtc" in scenarios:

@@ -342,10 +342,12 @@ def ratios(doc: dict[str, Any]) -> dict[str, float]:
     direct_first = (components.get("reply") or {}).get("first_audio_ms")
     levels = [level for level in (doc.get("realtime") or {}).get("levels", []) if level["ttfa_from_speech_stopped_ms"].get("p50") is not None]
     if direct_first:
+        from benchmarks.report import level_label
+
         for level in levels:
             ttfa = level["ttfa_from_speech_stopped_ms"]
-            out[f"realtime N={level['sessions']} TTFA p50 / direct first audio"] = round(ttfa["p50"] / direct_first, 2)
-            out[f"realtime N={level['sessions']} TTFA p95 / direct first audio"] = round(ttfa["p95"] / direct_first, 2)
+            out[f"realtime N={level_label(level)} TTFA p50 / direct first audio"] = round(ttfa["p50"] / direct_first, 2)
+            out[f"realtime N={level_label(level)} TTFA p95 / direct first audio"] = round(ttfa["p95"] / direct_first, 2)
     direct_speech = (components.get("speech") or {}).get("audio_s_per_s")
     speech_levels = [level for level in (doc.get("speech") or {}).get("levels", []) if level["mode"] == "file" and level["ok"]]
     if direct_speech:

@@ -5,7 +5,11 @@ any client would: `session.update` (PCM16 24 kHz in, server VAD), then for each 
 streams a spoken sentence as `input_audio_buffer.append` events of 20 ms at wall-clock pace,
 followed by silence (still at wall-clock pace: server VAD needs to hear the pause) until the
 reply's `response.done`, plus a short gap. Sessions start at seeded offsets within
-`stagger_s`, so the load is the same run to run but not artificially synchronous.
+`stagger_s`, so the load is the same run to run. Two arrival patterns are reported:
+- `together` (stagger 1 s): the users start within a second of each other and their turns
+  end close together, the worst case for time to first audio (turns queue behind each other);
+- `spread` (stagger of about one turn cycle): start offsets cover a whole turn, as users who do
+  not know of each other would; this is the load where the CPU is not saturated in bursts.
 
 Per turn it records when the user's audio ended, when `speech_stopped`, the reply's
 `response.created`, each `response.output_audio.delta` (arrival time and duration) and
@@ -345,8 +349,9 @@ async def run_level(ws_url: str, model_id: str, api_key: str | None, sessions: i
     return list(results), time.perf_counter() - started
 
 
-def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, settings: RealtimeSettings) -> dict[str, Any]:
-    """The report row for one concurrency level."""
+def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, settings: RealtimeSettings,
+                    arrivals: str = "together") -> dict[str, Any]:
+    """The report row for one concurrency level (`arrivals`: "together" or "spread", see the module docstring)."""
     turn_metrics = [m for r in results for t in r.turns if (m := t.metrics()) is not None]
     errors: dict[str, int] = {}
     for result in results:
@@ -364,6 +369,8 @@ def summarize_level(sessions: int, results: list[SessionResult], wall_s: float, 
         statuses[str(m["status"])] = statuses.get(str(m["status"]), 0) + 1
     return {
         "sessions": sessions,
+        "arrivals": arrivals,
+        "stagger_s": settings.stagger_s,
         "turns_planned": sessions * settings.turns,
         "turns_completed": len(turn_metrics),
         "ttfa_from_speech_stopped_ms": summarize(values("ttfa_from_speech_stopped_s"), 1000),

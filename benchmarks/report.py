@@ -85,6 +85,12 @@ def load_json(path: str | Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tables
 
 
+def level_label(level: dict[str, Any]) -> str:
+    """A realtime level's name: `16`, or `16 spread` when its sessions' start offsets cover a
+    whole turn cycle instead of one second (benchmarks/realtime.py)."""
+    return f"{level['sessions']} spread" if level.get("arrivals") == "spread" else str(level["sessions"])
+
+
 def _fmt(value: Any, digits: int = 0) -> str:
     if value is None:
         return "-"
@@ -129,7 +135,7 @@ def render(doc: dict[str, Any]) -> str:
                 underruns = level["underruns"]
                 rows.append(
                     [
-                        str(level["sessions"]),
+                        level_label(level),
                         f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
                         _pcts(level["ttfa_from_speech_stopped_ms"]),
                         _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
@@ -149,6 +155,7 @@ def render(doc: dict[str, Any]) -> str:
                 )
             header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "gen tok/s", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
             out.append(_table(header, rows))
+            out.append("N spread: session start offsets cover a whole turn cycle (otherwise within 1 s, so turns end together)")
             out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
             errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
             if errors:
@@ -230,7 +237,9 @@ def render(doc: dict[str, Any]) -> str:
 def plot(doc: dict[str, Any], path: Path) -> bool:
     """TTFA percentiles and underruns against concurrent sessions. False when there is nothing to plot."""
     realtime = doc.get("realtime") or {}
-    levels = [level for level in realtime.get("levels", []) if level["ttfa_from_speech_stopped_ms"].get("p50") is not None]
+    measured = [level for level in realtime.get("levels", []) if level["ttfa_from_speech_stopped_ms"].get("p50") is not None]
+    levels = [level for level in measured if level.get("arrivals") != "spread"]
+    spread = [level for level in measured if level.get("arrivals") == "spread"]
     if not levels:
         return False
     import matplotlib
@@ -243,6 +252,10 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
     for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
         ttfa_ax.plot(sessions, [level["ttfa_from_speech_stopped_ms"][key] for level in levels], style, label=f"TTFA {key}")
     ttfa_ax.plot(sessions, [level["ttfa_from_user_audio_end_ms"]["p50"] for level in levels], "x-", alpha=0.6, label="from end of user audio, p50")
+    for key, marker in (("p50", "o"), ("p95", "s")):
+        if spread:
+            ttfa_ax.scatter([level["sessions"] for level in spread], [level["ttfa_from_speech_stopped_ms"][key] for level in spread],
+                            marker=marker, facecolors="none", edgecolors="black", zorder=3, label=f"TTFA {key}, arrivals spread")
     ttfa_ax.set_xscale("log", base=2)
     ttfa_ax.set_xticks(sessions, [str(n) for n in sessions])
     ttfa_ax.set_xlabel("concurrent sessions")
@@ -292,7 +305,7 @@ def flatten(doc: dict[str, Any]) -> dict[str, float]:
                 walk(f"{prefix}.{key}" if prefix else key, item)
 
     for level in (doc.get("realtime") or {}).get("levels", []):
-        walk(f"realtime[N={level['sessions']}]", {k: v for k, v in level.items() if k != "sessions"})
+        walk(f"realtime[N={level_label(level)}]", {k: v for k, v in level.items() if k != "sessions"})
     for level in (doc.get("webrtc") or {}).get("levels", []):
         walk(f"webrtc[N={level['sessions']}]", {k: v for k, v in level.items() if k != "sessions"})
     speech = doc.get("speech") or {}

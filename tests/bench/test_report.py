@@ -137,3 +137,23 @@ def test_the_plot_is_a_png_of_the_realtime_levels(tmp_path):
     assert report.plot(_doc(), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not report.plot({**_doc(), "realtime": {"skipped": "no route"}}, tmp_path / "none.png")
+
+
+def test_a_level_with_spread_arrivals_is_named_apart_from_the_same_count_arriving_together(tmp_path):
+    together = _level(2)
+    results = [
+        SessionResult([_turn(0, 3.0, 3.1, 4.0, [(3.1, 0.5)], user_end=2.5)], events=10),
+        SessionResult([_turn(1, 9.0, 9.1, 10.0, [(9.1, 0.5)], user_end=8.5)], events=10),
+    ]
+    spread = summarize_level(2, results, wall_s=12.0, settings=RealtimeSettings(turns=1, stagger_s=6.0), arrivals="spread")
+    assert (together["arrivals"], spread["arrivals"], spread["stagger_s"]) == ("together", "spread", 6.0)
+    doc = _doc()
+    doc["realtime"]["levels"].append(spread)
+    report.validate(doc)
+    rows = [line for line in report.render(doc).splitlines() if "2/2" in line]
+    assert rows[0].split()[0] == "2" and rows[1].split()[:2] == ["2", "spread"]
+    assert "100/100/100" in rows[1]
+    flat = report.flatten(doc)
+    assert flat["realtime[N=2].ttfa_from_speech_stopped_ms.p50"] == pytest.approx(300.0)
+    assert flat["realtime[N=2 spread].ttfa_from_speech_stopped_ms.p50"] == pytest.approx(100.0)
+    assert report.plot(doc, tmp_path / "plot.png")
