@@ -22,7 +22,9 @@ stateless speech requests at `PRIORITY_SPEECH`, so they fill batches but never p
 out of one. Within a priority, earliest due first: work is due when it is submitted, except where
 the submitting task has a `current_due` clock: the runtime gives one to reply-side nodes
 (`Node.follows_playback`), which says when the session's listener would run out of reply audio
-(graph/session.py). So a turn waiting for its first audio goes before a reply that is seconds
+(graph/session.py), or the caller names the due time (the VAD: when the window's audio reached
+the server, so a session whose VAD fell behind catches up first instead of one window per
+round of everyone else's work). So a turn waiting for its first audio goes before a reply that is seconds
 ahead of its playback, and that reply becomes urgent again as its lead shrinks; with no reply
 playing, work runs in arrival order across all stages, so no stage starves. `run` and `submit`
 default to `current_priority` and `current_due`, which the runtime sets for each node task, so a
@@ -84,10 +86,10 @@ class ComputePool:
         for worker in self._workers:
             worker.start()
 
-    async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None) -> Result:
+    async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None, due: float | None = None) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        self._enqueue(self._calls, priority, _Pending((fn, args), future, loop), "the compute pool is shut down")
+        self._enqueue(self._calls, priority, due, _Pending((fn, args), future, loop), "the compute pool is shut down")
         try:
             return await future
         finally:
@@ -131,14 +133,15 @@ class ComputePool:
 
     # ------------------------------------------------------------------ workers
 
-    def _enqueue(self, queue: list[_Entry], priority: int | None, pending: _Pending, closed_message: str) -> None:
+    def _enqueue(self, queue: list[_Entry], priority: int | None, due: float | None, pending: _Pending,
+                 closed_message: str) -> None:
         """Queue a call or a batcher's item at its urgency (the task's priority and due time unless
         given); raises RuntimeError(closed_message) once the pool is shut down."""
         urgency = current_priority.get() if priority is None else priority
         with self._ready:
             if self._closed:
                 raise RuntimeError(closed_message)
-            heapq.heappush(queue, (urgency, _due(), next(self._order), pending))
+            heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
 
     def _next(self) -> tuple[Batcher[Any, Any] | None, list[_Pending]] | None:
@@ -240,10 +243,10 @@ class Batcher(Generic[Item, Result]):
         self.batches_run = 0
         self.items_run = 0
 
-    async def submit(self, item: Item, priority: int | None = None) -> Result:
+    async def submit(self, item: Item, priority: int | None = None, due: float | None = None) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        self._pool._enqueue(self._queue, priority, _Pending(item, future, loop), f"executor {self.name!r} is closed")
+        self._pool._enqueue(self._queue, priority, due, _Pending(item, future, loop), f"executor {self.name!r} is closed")
         # If the caller is cancelled before the batch runs, the worker skips the item.
         return await future
 

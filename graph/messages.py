@@ -29,10 +29,15 @@ class Message(msgspec.Struct, kw_only=True):
 
 
 class AudioChunk(Message, kw_only=True):
-    """Input audio as it arrives from the client (float32 mono in [-1, 1])."""
+    """Input audio as it arrives from the client (float32 mono in [-1, 1]).
+
+    `received_at`: when it reached the server (`time.monotonic()`; `GraphSession.send` sets it
+    when absent). Compute on this audio is due then, however long it queued since.
+    """
 
     samples: np.ndarray
     sample_rate: int
+    received_at: float | None = None
 
 
 class ImageFrame(Message, kw_only=True):

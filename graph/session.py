@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
 from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority
-from graph.messages import AudioOut, Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
+from graph.messages import AudioChunk, AudioOut, Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
 from graph.spec import GraphSpec, Port
@@ -152,6 +152,8 @@ class GraphSession:
             raise RuntimeError(f"session {self.id} is closed")
         self.last_input_at = time.monotonic()
         message.session_id = self.id
+        if isinstance(message, AudioChunk) and message.received_at is None:
+            message.received_at = self.last_input_at
         self._count_reply_request(message)
         try:
             await self._inboxes[port.node].put((port.stream, message))

@@ -8,7 +8,8 @@ context the model expects in front of each window, a soxr stream resampler (24 k
 input become 16 kHz; no decimation), and the speech/silence hysteresis. Every 512-sample window
 (32 ms) of every session goes through ONE shared batcher: windows that are ready at the same
 moment from many sessions are stacked into a single onnxruntime call with their states batched
-along the model's batch axis.
+along the model's batch axis. A window is due (graph/executor.py) when its audio reached the
+server (`AudioChunk.received_at`), so a session that fell behind catches up ahead of newer work.
 
 Output, in input order: each 16 kHz window as an `AudioChunk`, a `SpeechStarted` /
 `SpeechStopped` right after the window that decided it, and `ImageFrame` / `Command` messages
@@ -105,6 +106,7 @@ class VadSession(NodeSession):
         self.state = np.zeros(STATE_SHAPE, np.float32)
         self.context = np.zeros(CONTEXT, np.float32)
         self.pending = np.zeros(0, np.float32)  # 16 kHz samples not yet a whole window
+        self.pending_received_at: float | None = None  # when the newest of them reached the server
         self.samples = 0  # 16 kHz samples forwarded so far: the node's clock
         self.origin_ms: float | None = None  # media time of the first input sample
         self.resampler: soxr.ResampleStream | None = None
@@ -140,6 +142,7 @@ class VadSession(NodeSession):
                 self.resampler_rate = chunk.sample_rate
             samples = self.resampler.resample_chunk(samples)
         self.pending = np.concatenate([self.pending, samples]) if len(self.pending) else samples
+        self.pending_received_at = chunk.received_at
         while len(self.pending) >= WINDOW:
             window, self.pending = self.pending[:WINDOW], self.pending[WINDOW:]
             await self._window(window, emit)
@@ -148,7 +151,10 @@ class VadSession(NodeSession):
         start_ms = self.now_ms
         event: Message | None = None
         if self.settings is not None:
-            probability, self.state = await self.node.batcher.submit((np.concatenate([self.context, window]), self.state))
+            # Due when its audio arrived: a session whose windows queued up (its inbox filled
+            # while the compute worker was busy) is served first, not one window per round.
+            probability, self.state = await self.node.batcher.submit(
+                (np.concatenate([self.context, window]), self.state), due=self.pending_received_at)
             event = self._decide(probability, start_ms)
         self.context = window[-CONTEXT:]
         self.samples += len(window)

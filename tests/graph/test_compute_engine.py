@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -102,6 +103,26 @@ async def test_work_with_an_earlier_due_time_runs_first():
         gate.set()
         await asyncio.gather(blocker, ahead, waiting, plain)
         assert order == ["no clock: due when submitted", "turn waiting for first audio", "reply two seconds ahead of playback"]
+    finally:
+        pool.shutdown()
+
+
+async def test_a_due_time_given_with_the_work_overrides_the_tasks_clock():
+    pool = ComputePool(threads=1)
+    order: list[str] = []
+    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    gate = threading.Event()
+    try:
+        blocker = await occupy(pool, gate)
+        now = asyncio.ensure_future(steps.submit("audio that arrived just now"))
+        await wait_queued(steps.queue_depth, 1)
+        late = asyncio.ensure_future(steps.submit("audio that arrived a second ago", due=time.monotonic() - 1.0))
+        call = asyncio.ensure_future(pool.run(lambda: order.append("call due long ago"), due=0.0))
+        await wait_queued(steps.queue_depth, 2)
+        await wait_queued(pool.queue_depth, 1)
+        gate.set()
+        await asyncio.gather(blocker, now, late, call)
+        assert order == ["call due long ago", "audio that arrived a second ago", "audio that arrived just now"]
     finally:
         pool.shutdown()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -125,6 +126,27 @@ async def test_concurrent_sessions_share_one_batched_onnx_call(vad_runtime):
     await asyncio.gather(*readers)
     assert max(sizes) > 1
     assert sum(sizes) == 6 * (16000 // WINDOW)
+
+
+async def test_each_window_is_due_when_its_audio_reached_the_server(vad_runtime):
+    node = vad_runtime.nodes["vad"]
+    dues: list[float | None] = []
+    submit = node.batcher.submit
+
+    async def recording_submit(item, priority=None, due=None):
+        dues.append(due)
+        return await submit(item, priority, due)
+
+    node.batcher.submit = recording_submit
+    session = await vad_runtime.open_session("due", config={"turn_detection": TD})
+    before = time.monotonic()
+    # Two windows' worth stamped by the transport long ago, then one the graph stamps on arrival.
+    await session.send("in", AudioChunk(samples=np.zeros(2 * WINDOW, np.float32), sample_rate=16000, received_at=12.5))
+    unstamped = AudioChunk(samples=np.zeros(WINDOW, np.float32), sample_rate=16000)
+    await session.send("in", unstamped)
+    await drain_count(session, 3)
+    assert unstamped.received_at is not None and unstamped.received_at >= before
+    assert dues == [12.5, 12.5, unstamped.received_at]
 
 
 async def drain_count(session, windows: int) -> None:
