@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCausalConvNet,
     Qwen3OmniMoeCausalTransConvNet,
@@ -52,14 +51,23 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCode2WavDecoderResidualUnit,
     Qwen3OmniMoeConvNeXtBlock,
     Qwen3OmniMoeSnakeBeta,
+    apply_rotary_pos_emb,
 )
 
 SAMPLE_RATE = 24000
 
-# Convolutions with at most this many inputs per output sample (in_channels * kernel) run as one
-# matmul over an im2col view: for the few channels of the last upsampling stages (2-8 on the tiny
-# model) that is 2-3x faster than oneDNN's conv1d; wide convolutions keep conv1d.
+# Convolutions with at most this many inputs per output sample (in_channels * kernel) run as
+# matmuls over strided views instead of oneDNN's conv1d / conv_transpose1d, which pay a large fixed
+# cost on few channels (2-32 on the tiny model: 2-4x faster measured on CPU, more at batch > 1).
+# Wide convolutions keep the torch kernels.
 _MATMUL_CONV_MAX_INPUTS = 256
+# ...except a transposed conv of one stream producing fewer samples than this: there
+# conv_transpose1d's fixed cost is below the extra ops of the matmul form.
+_MATMUL_TRANSPOSED_MIN_SAMPLES = 1000
+
+
+def _bias_column(bias: torch.Tensor | None, channels: int, like: torch.Tensor) -> torch.Tensor:
+    return (like.new_zeros(channels) if bias is None else bias).view(-1, 1)
 
 
 class _Snake:
@@ -78,9 +86,12 @@ class _Snake:
 
 
 class _CausalConv:
-    """A stride-1 causal convolution that carries its last `kernel-1` inputs in `state[slot]`."""
+    """A stride-1 causal convolution that carries its last `kernel-1` inputs in `state[slot]`.
 
-    __slots__ = ("weight", "bias", "matrix", "bias_column", "dilation", "groups", "kernel", "context", "slot")
+    Narrow ones run on a strided (im2col) view of the input: one matmul for a dense conv, a
+    multiply-and-sum over the kernel taps for a depthwise one."""
+
+    __slots__ = ("weight", "bias", "matrix", "taps", "bias_column", "dilation", "groups", "kernel", "context", "slot")
 
     def __init__(self, module: Qwen3OmniMoeCausalConvNet, slot: int):
         if module.stride != 1:
@@ -94,11 +105,12 @@ class _CausalConv:
         self.context = module.kernel_size - 1
         self.slot = slot if self.context else -1
         out_channels, in_channels, kernel = self.weight.shape
-        self.matrix = None
+        self.matrix = self.taps = None
+        self.bias_column = _bias_column(self.bias, out_channels, self.weight)
         if self.groups == 1 and in_channels * kernel <= _MATMUL_CONV_MAX_INPUTS:
             self.matrix = self.weight.reshape(out_channels, in_channels * kernel)
-            self.bias_column = (torch.zeros(out_channels, dtype=self.weight.dtype, device=self.weight.device)
-                                if self.bias is None else self.bias).view(-1, 1)
+        elif self.groups == out_channels and in_channels == 1:  # depthwise
+            self.taps = self.weight.view(1, out_channels, 1, kernel)
 
     def initial_context(self) -> torch.Tensor:
         """The one-shot left padding: zeros."""
@@ -108,47 +120,73 @@ class _CausalConv:
         if self.context:
             x = torch.cat((state[self.slot], x), dim=-1)
             state[self.slot] = x[..., x.shape[-1] - self.context :]
-        if self.matrix is None:
+        if self.matrix is None and self.taps is None:
             return F.conv1d(x, self.weight, self.bias, dilation=self.dilation, groups=self.groups)
-        if self.kernel > 1:  # im2col as a strided view (copied once by the reshape)
+        if self.kernel > 1:  # [B, C, kernel, outputs]: input t + j*dilation for output t, tap j
             batch, channels, length = x.shape
             outputs = length - self.context
             stride_b, stride_c, stride_t = x.stride()
+            if self.taps is not None:
+                windows = x.as_strided(
+                    (batch, channels, outputs, self.kernel), (stride_b, stride_c, stride_t, self.dilation * stride_t)
+                )
+                return torch.mul(windows, self.taps).sum(-1).add_(self.bias_column)
             x = x.as_strided(
                 (batch, channels, self.kernel, outputs), (stride_b, stride_c, self.dilation * stride_t, stride_t)
             ).reshape(batch, channels * self.kernel, outputs)
+        elif self.taps is not None:
+            return torch.mul(x, self.taps[..., 0]).add_(self.bias_column)
         return torch.matmul(self.matrix, x).add_(self.bias_column)
 
 
 class _TransposedConv:
     """An upsampling transposed convolution (kernel 2r, stride r, trimmed r on both sides) that
-    carries its last input frame in `state[slot]`, or (kernel r, untrimmed) nothing."""
+    carries its last input frame in `state[slot]`, or (kernel r, untrimmed) nothing.
 
-    __slots__ = ("weight", "bias", "stride", "slot")
+    Output samples t*r .. t*r+r-1 (after the trim) are W[:, :, :r] applied to input frame t+1 plus
+    W[:, :, r:] applied to frame t (frame 0: the carried one): for narrow ones, one matmul with
+    both halves stacked over the two shifted inputs, then the frames' r samples laid out in time."""
+
+    __slots__ = ("weight", "bias", "stride", "slot", "matrix", "bias_column")
 
     def __init__(self, module: Qwen3OmniMoeCausalTransConvNet, slot: int):
         kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
-        self.weight = module.conv.weight.detach()
+        self.weight = module.conv.weight.detach()  # [in, out, kernel]
         self.bias = None if module.conv.bias is None else module.conv.bias.detach()
         self.stride = stride
+        in_channels, out_channels, _ = self.weight.shape
         if kernel == stride and module.left_pad == module.right_pad == 0:
             self.slot = -1  # each input frame maps to its own output samples: nothing to carry
+            halves = self.weight
         elif kernel == 2 * stride and module.left_pad == module.right_pad == stride:
             self.slot = slot
+            halves = torch.cat((self.weight[..., :stride], self.weight[..., stride:]))  # [2*in, out, r]
         else:
             raise ValueError(f"streaming code2wav cannot carry a transposed conv ({kernel=}, {stride=})")
+        self.matrix = None
+        self.bias_column = _bias_column(self.bias, out_channels, self.weight).view(-1, 1, 1)
+        if in_channels * kernel <= _MATMUL_CONV_MAX_INPUTS:
+            self.matrix = halves.permute(1, 2, 0).reshape(out_channels * stride, halves.shape[0]).contiguous()
 
     def __call__(self, x: torch.Tensor, state: list[Any]) -> torch.Tensor:
-        if self.slot < 0:
-            return F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
-        previous = state[self.slot]
-        if previous is not None:
-            x = torch.cat((previous, x), dim=-1)
-        if x.shape[-1]:
-            state[self.slot] = x[..., -1:]
-        # With the previous frame in front, trimming r on both sides leaves exactly the new samples.
-        y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
-        return y[..., self.stride : y.shape[-1] - self.stride]
+        if self.slot >= 0:
+            previous = state[self.slot]
+            if previous is not None:
+                x = torch.cat((previous, x), dim=-1)
+            if x.shape[-1]:
+                state[self.slot] = x[..., -1:]
+        batch, _, frames = x.shape
+        if self.matrix is None or (batch == 1 and frames * self.stride < _MATMUL_TRANSPOSED_MIN_SAMPLES):
+            y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
+            # With the previous frame in front, trimming r on both sides leaves exactly the new samples.
+            return y if self.slot < 0 else y[..., self.stride : y.shape[-1] - self.stride]
+        if self.slot >= 0:
+            x = torch.cat((x[..., 1:], x[..., :-1]), dim=1)  # [B, 2*in, frames-1]: frame t+1 over frame t
+            frames -= 1
+        y = torch.matmul(self.matrix, x).view(batch, -1, self.stride, frames)  # [B, out, r, frames]
+        samples = y.new_empty((batch, y.shape[1], frames, self.stride))
+        torch.add(y.transpose(2, 3), self.bias_column, out=samples)  # laid out in time, bias added: one pass
+        return samples.view(batch, -1, frames * self.stride)
 
 
 class _ConvNeXt:
@@ -237,12 +275,106 @@ def _streaming_steps(code2wav: Qwen3OmniMoeCode2Wav) -> list[Any]:
     return steps
 
 
+class _Transformer:
+    """The pre-transformer over the new frames of several streams in one pass.
+
+    The streams' frames are packed into one sequence; each attends to its own stream's keys only
+    (a block mask), within the sliding window, with its own KV cache (`KVCache`: the last
+    `window - 1` keys and values per layer, as transformers' DynamicSlidingWindowLayer keeps).
+    Projections, norms, MLPs and RoPE run once for all streams. The layers' submodules keep their
+    own code and weights; this replaces only the per-call machinery (mask creation, cache objects,
+    output capturing), which on a small model costs more than the compute.
+
+    transformers coupling (pinned in pyproject): `Qwen3OmniMoeCode2WavTransformerModel.forward` and
+    its layer's and attention's `forward`; tests compare against the model's one-shot decode.
+    """
+
+    def __init__(self, code2wav: Qwen3OmniMoeCode2Wav):
+        model = code2wav.pre_transformer
+        config = model.config
+        if any(kind != "sliding_attention" for kind in config.layer_types[: config.num_hidden_layers]):
+            raise ValueError("streaming code2wav expects sliding-window attention in every layer")
+        self.embedding = code2wav.code_embedding
+        self.code_offset = code2wav.code_offset.view(1, -1)  # [1, quantizers]
+        self.layers = list(model.layers[: config.num_hidden_layers])
+        self.norm = model.norm
+        self.rotary = model.rotary_emb
+        self.window = int(config.sliding_window)
+        attention = self.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.scaling = attention.scaling
+        weight = attention.k_proj.weight
+        self._empty = weight.new_zeros((1, self.kv_heads, 0, self.head_dim))
+
+    def new_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self._empty, self._empty) for _ in self.layers]
+
+    def __call__(self, items: list[tuple[torch.Tensor, list[Any], int]]) -> torch.Tensor:
+        """items: (codes [frames, quantizers], KV cache (updated), position of the first frame),
+        one per stream -> the transformer output [total frames, hidden], the streams' frames in order."""
+        device = self.code_offset.device
+        codes = torch.cat([item[0] for item in items]).to(device=device, dtype=torch.long)
+        hidden = self.embedding(codes + self.code_offset).mean(1).unsqueeze(0)  # [1, N, hidden]
+        total = hidden.shape[1]
+        query_stream, query_position, key_stream, key_position, spans = [], [], [], [], []
+        start = 0
+        for stream, (frames, cache, position) in enumerate(items):
+            count = int(frames.shape[0])
+            cached = int(cache[0][0].shape[2])
+            query_stream += [stream] * count
+            query_position += range(position, position + count)
+            key_stream += [stream] * (cached + count)
+            key_position += range(position - cached, position + count)
+            spans.append((start, start + count))
+            start += count
+        positions = torch.tensor(query_position, device=device).unsqueeze(0)
+        mask = None
+        if len(items) > 1 or total > 1:  # one frame of one stream sees its whole cache
+            q_stream = torch.tensor(query_stream, device=device)[:, None]
+            q_position = positions[0][:, None]
+            k_position = torch.tensor(key_position, device=device)[None, :]
+            mask = (q_stream == torch.tensor(key_stream, device=device)[None, :]) & (k_position <= q_position)
+            mask &= q_position - k_position < self.window
+        cos, sin = self.rotary(hidden, positions)
+        keep = self.window - 1
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            residual = hidden
+            hidden = layer.input_layernorm(hidden)
+            shape = (1, total, -1, self.head_dim)
+            query = attention.q_norm(attention.q_proj(hidden).view(shape)).transpose(1, 2)
+            key = attention.k_norm(attention.k_proj(hidden).view(shape)).transpose(1, 2)
+            value = attention.v_proj(hidden).view(shape).transpose(1, 2)
+            query, key = apply_rotary_pos_emb(query, key, cos, sin)
+            keys, values = [], []
+            for (first, last), (_, cache, _) in zip(spans, items):
+                cached_keys, cached_values = cache[index]
+                stream_keys = torch.cat((cached_keys, key[:, :, first:last]), dim=2)
+                stream_values = torch.cat((cached_values, value[:, :, first:last]), dim=2)
+                keys.append(stream_keys)
+                values.append(stream_values)
+                cache[index] = (stream_keys[:, :, -keep:], stream_values[:, :, -keep:]) if keep else (self._empty, self._empty)
+            keys_all = keys[0] if len(keys) == 1 else torch.cat(keys, dim=2)
+            values_all = values[0] if len(values) == 1 else torch.cat(values, dim=2)
+            out = F.scaled_dot_product_attention(
+                query, keys_all, values_all, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
+            )
+            out = attention.o_proj(out.transpose(1, 2).reshape(1, total, -1))
+            hidden = residual + layer.self_attn_layer_scale(out)
+            residual = hidden
+            hidden = residual + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
+        return self.norm(hidden)[0]
+
+
 class Code2WavDecoder:
     """Shared, stateless part: the model, its conv stack as streaming steps, and its geometry."""
 
     def __init__(self, code2wav: Qwen3OmniMoeCode2Wav):
         self.code2wav = code2wav
         self.samples_per_frame = int(code2wav.total_upsample)
+        self._transformer = _Transformer(code2wav)
         self._steps = _streaming_steps(code2wav)
         self._initial_state = [_initial_slot(step) for step in self._steps if not isinstance(step, _Activation)]
         # Samples a decode of F frames cannot produce yet (they need frame F): 555 for the stock rates.
@@ -261,18 +393,13 @@ class Code2WavDecoder:
     # ------------------------------------------------------------------ compute (worker thread)
 
     @torch.inference_mode()
-    def transform(self, codes: torch.Tensor, cache: DynamicCache, position: int) -> torch.Tensor:
-        """Run new frames `codes` [frames, quantizers] through the transformer with its KV cache.
+    def transform(self, items: list[tuple[torch.Tensor, list[Any], int]]) -> torch.Tensor:
+        """New frames of one or more streams through the transformer, in one pass.
 
-        Returns the transformer output [1, hidden, frames] for those frames.
+        items: (codes [frames, quantizers], the stream's KV cache (updated), the stream's frames so
+        far), one per stream -> transformer outputs [total frames, hidden], the streams' in order.
         """
-        code2wav = self.code2wav
-        device = code2wav.code_offset.device
-        codes = codes.to(device=device, dtype=torch.long).transpose(0, 1).unsqueeze(0)  # [1, Q, n]
-        hidden = code2wav.code_embedding(codes + code2wav.code_offset).mean(1)
-        positions = torch.arange(position, position + hidden.shape[1], device=device).unsqueeze(0)
-        out = code2wav.pre_transformer(inputs_embeds=hidden, position_ids=positions, cache=cache, use_cache=True)
-        return out.last_hidden_state.permute(0, 2, 1)
+        return self._transformer(items)
 
     def initial_state(self) -> list[Any]:
         """A new stream's conv state: one slot per stateful step (zeros: the one-shot left padding)."""
@@ -306,7 +433,7 @@ class Code2WavStream:
         self.decoder = decoder
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
-        self._cache = DynamicCache(config=decoder.code2wav.config)
+        self._cache = decoder._transformer.new_cache()
         self._conv_state = decoder.initial_state()
         self._pending: list[torch.Tensor] = []  # frames not decoded yet
         self.frames_in = 0  # frames decoded
@@ -346,28 +473,36 @@ class Code2WavStream:
 def push_many(pushes: list[tuple[Code2WavStream, torch.Tensor, bool]]) -> list[torch.Tensor]:
     """`Code2WavStream.push` for several streams (of any sessions, one push per stream) at once.
 
-    Each due stream runs the transformer with its own KV cache; streams decoding the same number
-    of frames at the same stage of their state run the conv stack as one batch (their conv state
-    stacked on the batch axis for that call).
+    The due streams' new frames go through the transformer in one packed pass (each with its own
+    KV cache); streams decoding the same number of frames at the same stage of their state run
+    the conv stack as one batch (their conv state stacked on the batch axis for that call).
     """
     results = [torch.empty(0)] * len(pushes)
-    groups: dict[tuple[int, bool, int], list[tuple[int, Code2WavStream, torch.Tensor]]] = {}
+    due_by_decoder: dict[int, list[tuple[int, Code2WavStream, torch.Tensor]]] = {}
     for index, (stream, codes, final) in enumerate(pushes):
         due = stream._take_due(codes, final)
-        if due is None:
-            continue
-        hidden = stream.decoder.transform(due, stream._cache, stream.frames_in)
-        stream.frames_in += int(due.shape[0])
-        key = (id(stream.decoder), stream.decodes == 0, int(due.shape[0]))
-        groups.setdefault(key, []).append((index, stream, hidden))
+        if due is not None:
+            due_by_decoder.setdefault(id(stream.decoder), []).append((index, stream, due))
+    groups: dict[tuple[int, bool, int], list[tuple[int, Code2WavStream, torch.Tensor]]] = {}
+    for members in due_by_decoder.values():
+        decoder = members[0][1].decoder
+        hidden = decoder.transform([(due, stream._cache, stream.frames_in) for _, stream, due in members])
+        start = 0
+        for index, stream, due in members:
+            frames = int(due.shape[0])
+            stream.frames_in += frames
+            key = (id(decoder), stream.decodes == 0, frames)
+            groups.setdefault(key, []).append((index, stream, hidden[start : start + frames]))
+            start += frames
     for members in groups.values():
         decoder = members[0][1].decoder
         states = [stream._conv_state for _, stream, _ in members]
+        frames = torch.stack([hidden for _, _, hidden in members]).transpose(1, 2)  # [B, hidden, frames]
         if len(members) == 1:
-            samples = decoder.convolve(members[0][2], states[0])
+            samples = decoder.convolve(frames, states[0])
         else:
             stacked = [None if slot[0] is None else torch.cat(slot) for slot in zip(*states)]
-            samples = decoder.convolve(torch.cat([hidden for _, _, hidden in members]), stacked)
+            samples = decoder.convolve(frames, stacked)
             for row, state in enumerate(states):
                 state[:] = [None if value is None else value[row : row + 1] for value in stacked]
         for row, (index, stream, _) in enumerate(members):
