@@ -33,14 +33,15 @@ GREEDY = TalkerSampling(do_sample=False)
 
 
 @contextlib.contextmanager
-def through_hf(*modules):
-    """A no-op forward hook on each module: the lean paths step aside and call the HF module."""
-    handles = [module.register_forward_pre_hook(lambda *_: None) for module in modules]
+def through_hf(module):
+    """A forward hook on `module`: the lean paths step aside and call the HF module (the list
+    yielded gets one entry per call the hook saw)."""
+    calls = []
+    handle = module.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
-        yield
+        yield calls
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
 
 
 def sampled_reply(sampling, codes, vocab, seed=None):
@@ -148,9 +149,9 @@ def test_the_lean_code_predictor_gives_the_hf_predictors_frames_bit_for_bit(talk
     lean_before = predictor.lean_calls
     lean = run()
     assert predictor.lean_calls == lean_before + 1
-    with through_hf(talker.talker.code_predictor.model):
+    with through_hf(talker.talker.code_predictor.model) as calls:
         hf = run()
-    assert predictor.lean_calls == lean_before + 1  # the hooked call went through the HF module
+    assert predictor.lean_calls == lean_before + 1 and len(calls) == talker.num_code_groups - 1
 
     assert torch.equal(lean[0], hf[0])  # frames [B, num_code_groups]
     assert torch.equal(lean[1], hf[1])  # summed code embeddings: the next talker input
@@ -186,8 +187,9 @@ def test_the_lean_talker_decode_forward_gives_the_hf_forwards_outputs_bit_for_bi
         return logits, hidden, keys
 
     lean = forward()
-    with through_hf(talker.talker.model):
+    with through_hf(talker.talker.model) as calls:
         hf = forward()
+    assert len(calls) == 1
 
     assert torch.equal(lean[0], hf[0]) and torch.equal(lean[1], hf[1])
     assert all(torch.equal(a, b) for a, b in zip(lean[2], hf[2]))  # the KV columns written
