@@ -34,9 +34,13 @@ class CodePredictor:
         self.codec_embedding = talker.get_input_embeddings()
         self.num_code_groups = num_code_groups
         self.stack = LeanStack(self.predictor.model)
-        self._lean: bool | None = None  # decided at the first call (needs a probe forward)
+        # Per attention implementation: whether the HF predictor passes its layers no mask.
+        self._mask_free: dict[str, bool] = {}
         self._rope: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, ...]]] = {}
         self.lean_calls = 0  # how many frames took the lean path (tests read it)
+        weight = self.predictor.lm_head[0].weight
+        with torch.inference_mode():  # probe now, before replies run on other threads
+            self._use_lean(torch.zeros((1, 2, weight.shape[1]), dtype=weight.dtype, device=weight.device))
 
     @torch.inference_mode()
     def predict(self, last_hidden: torch.Tensor, first_codes: torch.Tensor, choose: Chooser) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,9 +108,11 @@ class CodePredictor:
     def _use_lean(self, inputs: torch.Tensor) -> bool:
         if not self.stack.usable():
             return False
-        if self._lean is None:
-            self._lean = self._masks_are_none(inputs)
-        return self._lean
+        implementation = self.predictor.model.config._attn_implementation
+        mask_free = self._mask_free.get(implementation)
+        if mask_free is None:
+            mask_free = self._mask_free[implementation] = self._masks_are_none(inputs)
+        return mask_free
 
     def _masks_are_none(self, inputs: torch.Tensor) -> bool:
         """Whether the HF predictor hands its layers no attention mask (the causal case the

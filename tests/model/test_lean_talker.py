@@ -272,3 +272,23 @@ def test_batched_lean_steps_give_each_reply_the_frames_of_the_hf_modules_and_pro
     assert talker.code_predictor.lean_calls == lean_before + frames
     for row in range(len(specs)):
         assert torch.equal(torch.stack(got[row]), expected[row])
+
+
+def test_an_attention_that_needs_the_causal_mask_keeps_the_hf_predictor(talker):
+    """The lean pass hands the attention no mask (sdpa and flash apply causality themselves);
+    eager attention needs the HF mask, so the predictor keeps the HF path under it."""
+    predictor, module = talker.code_predictor, talker.talker.code_predictor
+    hidden, first = predictor_inputs(talker, 3)
+    greedy = lambda _group, scores: scores.argmax(-1)  # noqa: E731
+    original = module.config._attn_implementation
+    module.set_attn_implementation("eager")
+    try:
+        before = predictor.lean_calls
+        eager = predictor.predict(hidden, first, greedy)
+        assert predictor.lean_calls == before
+    finally:
+        module.set_attn_implementation(original)
+    assert module.model.config._attn_implementation == original
+    lean = predictor.predict(hidden, first, greedy)
+    assert predictor.lean_calls == before + 1
+    assert torch.equal(eager[0], lean[0])  # same codes (eager and sdpa differ only in float rounding)
