@@ -274,8 +274,17 @@ def _path(path: str) -> str:
     return path.replace("`", "")
 
 
+_typed = msgspec.json.Decoder(AnyClientEvent)
+
+
 def parse_client_event(text: str | bytes) -> ClientEvent:
     """JSON text -> typed client event, or `RealtimeError` naming what is wrong."""
+    try:
+        # One pass straight into the event type (~20x faster than a dict and then `convert`;
+        # every 20 ms audio append comes through here). Anything wrong is diagnosed below.
+        return _typed.decode(text)
+    except msgspec.MsgspecError:
+        pass
     try:
         raw = _json.decode(text)
     except msgspec.DecodeError as exc:
