@@ -43,7 +43,9 @@ class CodePredictor:
             self._use_lean(torch.zeros((1, 2, weight.shape[1]), dtype=weight.dtype, device=weight.device))
 
     @torch.inference_mode()
-    def predict(self, last_hidden: torch.Tensor, first_codes: torch.Tensor, choose: Chooser) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(
+        self, last_hidden: torch.Tensor, first_codes: torch.Tensor, choose: Chooser
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual codes of each reply's frame.
 
         `last_hidden` [B, 1, D]: the talker's output at each reply's last position; `first_codes`
@@ -95,7 +97,9 @@ class CodePredictor:
         for group in range(1, self.num_code_groups):
             positions, cos, sin = ropes[group - 1]
             for layer in stack.layers:
-                hidden = run_layer(layer, hidden, cos, sin, None, update, attention, position_ids=positions, use_cache=True)
+                hidden = run_layer(
+                    layer, hidden, cos, sin, None, update, attention, position_ids=positions, use_cache=True
+                )
             logits = predictor.lm_head[group - 1].forward(stack.norm.forward(hidden))
             code = choose(group, logits[:, -1, :].to(copy=True, dtype=torch.float32)).view(-1, 1)
             codes.append(code.view(-1))
@@ -120,7 +124,9 @@ class CodePredictor:
         attention that needs one (eager), the HF path is kept."""
         masks: list[Any] = []
         layer = self.stack.layers[0]
-        handle = layer.register_forward_pre_hook(lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
+        handle = layer.register_forward_pre_hook(
+            lambda _m, _a, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+        )
         try:
             self._hf_pass(inputs[:1], lambda _g, logits: logits.argmax(-1))
         finally:
@@ -136,8 +142,11 @@ class CodePredictor:
             rotary = self.predictor.model.rotary_emb
             ropes = []
             for group in range(1, self.num_code_groups):
-                positions = torch.arange(2, device=inputs.device) if group == 1 else torch.arange(1, device=inputs.device) + group
-                positions = positions.unsqueeze(0)
+                # The HF forward's own: arange(new positions) + the cache's length.
+                if group == 1:
+                    positions = torch.arange(2, device=inputs.device).unsqueeze(0)
+                else:
+                    positions = (torch.arange(1, device=inputs.device) + group).unsqueeze(0)
                 probe = inputs[:1, : positions.shape[1]]
                 cos, sin = rotary(probe, positions)
                 ropes.append((positions, cos, sin))

@@ -225,7 +225,8 @@ def reference_frames(talker, prompt, text, sampling, frames):
         frame_embeds = [talker.talker.get_input_embeddings()(first)]
         residuals = [code]
         pcache = DynamicCache(config=predictor.config)
-        pout = predictor(inputs_embeds=torch.cat((hidden[:, -1:], frame_embeds[0]), dim=1), cache=pcache, use_cache=True)
+        inputs = torch.cat((hidden[:, -1:], frame_embeds[0]), dim=1)
+        pout = predictor(inputs_embeds=inputs, cache=pcache, use_cache=True)
         for group in range(1, talker.num_code_groups):
             residual = transformers_residual_code(pout.logits[:, -1, :].to(torch.float32), sampling, generator)
             residuals.append(residual)
