@@ -82,7 +82,8 @@ class _Snake:
         self.inverse_beta = (1.0 / (torch.exp(module.beta.detach()) + module.no_div_by_zero)).view(-1, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.mul(x, self.alpha).sin_().pow_(2).mul_(self.inverse_beta).add_(x)
+        sine = torch.mul(x, self.alpha).sin_()
+        return sine.mul_(sine).mul_(self.inverse_beta).add_(x)  # x*x is how pow(x, 2) squares: same bits
 
 
 class _CausalConv:
@@ -122,21 +123,29 @@ class _CausalConv:
             state[self.slot] = x[..., x.shape[-1] - self.context :]
         if self.matrix is None and self.taps is None:
             return F.conv1d(x, self.weight, self.bias, dilation=self.dilation, groups=self.groups)
-        if self.kernel > 1:  # [B, C, kernel, outputs]: input t + j*dilation for output t, tap j
-            batch, channels, length = x.shape
+        batch, channels, length = x.shape
+        if self.taps is not None:  # depthwise: [B, C, outputs, kernel] windows times the taps, summed
+            if self.kernel == 1:
+                return torch.mul(x, self.taps[..., 0]).add_(self.bias_column)
+            stride_b, stride_c, stride_t = x.stride()
+            windows = x.as_strided(
+                (batch, channels, length - self.context, self.kernel),
+                (stride_b, stride_c, stride_t, self.dilation * stride_t),
+            )
+            return torch.mul(windows, self.taps).sum(-1).add_(self.bias_column)
+        # One 2-D matmul over the batch: columns [C*kernel, B*outputs] (im2col: input t + j*dilation
+        # for output t, tap j), output [out, B*outputs], returned as a [B, out, outputs] view.
+        if self.kernel > 1:
             outputs = length - self.context
             stride_b, stride_c, stride_t = x.stride()
-            if self.taps is not None:
-                windows = x.as_strided(
-                    (batch, channels, outputs, self.kernel), (stride_b, stride_c, stride_t, self.dilation * stride_t)
-                )
-                return torch.mul(windows, self.taps).sum(-1).add_(self.bias_column)
-            x = x.as_strided(
-                (batch, channels, self.kernel, outputs), (stride_b, stride_c, self.dilation * stride_t, stride_t)
-            ).reshape(batch, channels * self.kernel, outputs)
-        elif self.taps is not None:
-            return torch.mul(x, self.taps[..., 0]).add_(self.bias_column)
-        return torch.matmul(self.matrix, x).add_(self.bias_column)
+            columns = x.as_strided(
+                (channels, self.kernel, batch, outputs), (stride_c, self.dilation * stride_t, stride_b, stride_t)
+            ).reshape(channels * self.kernel, batch * outputs)
+        else:
+            outputs = length
+            columns = x.transpose(0, 1).reshape(channels, batch * outputs)  # a view when x came from here
+        y = torch.mm(self.matrix, columns).add_(self.bias_column)
+        return y.view(-1, batch, outputs).transpose(0, 1)
 
 
 class _TransposedConv:
@@ -180,12 +189,15 @@ class _TransposedConv:
             y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
             # With the previous frame in front, trimming r on both sides leaves exactly the new samples.
             return y if self.slot < 0 else y[..., self.stride : y.shape[-1] - self.stride]
-        if self.slot >= 0:
-            x = torch.cat((x[..., 1:], x[..., :-1]), dim=1)  # [B, 2*in, frames-1]: frame t+1 over frame t
+        if self.slot >= 0:  # columns [2*in, B, frames-1]: frame t+1 over frame t
             frames -= 1
-        y = torch.matmul(self.matrix, x).view(batch, -1, self.stride, frames)  # [B, out, r, frames]
-        samples = y.new_empty((batch, y.shape[1], frames, self.stride))
-        torch.add(y.transpose(2, 3), self.bias_column, out=samples)  # laid out in time, bias added: one pass
+            columns = torch.cat((x[..., 1:].transpose(0, 1), x[..., :-1].transpose(0, 1)))
+        else:
+            columns = x.transpose(0, 1)
+        y = torch.mm(self.matrix, columns.reshape(columns.shape[0], batch * frames))  # [out*r, B*frames]
+        samples = y.new_empty((batch, y.shape[0] // self.stride, frames, self.stride))
+        # Laid out in time ([B, out, frames, r]) with the bias added, in one pass.
+        torch.add(y.view(-1, self.stride, batch, frames).permute(2, 0, 3, 1), self.bias_column, out=samples)
         return samples.view(batch, -1, frames * self.stride)
 
 
