@@ -17,20 +17,22 @@ CODEBOOK = 64
 ATOL = 1e-5  # float32: the streamed convolutions see other lengths than the one-shot ones
 
 
-def make_decoder(decoder_dim: int, hidden_size: int = 32, seed: int = 0, perturbation: float = 0.1) -> Code2WavDecoder:
+def make_decoder(
+    decoder_dim: int, hidden_size: int = 32, seed: int = 0, perturbation: float = 0.1, heads: int = 2, kv_heads: int = 2
+) -> Code2WavDecoder:
     """A float32 code2wav with the stock upsampling (1920 samples per frame), weights perturbed
     away from the near-identity init so every layer matters."""
     torch.manual_seed(seed)
     config = Qwen3OmniMoeCode2WavConfig(
         codebook_size=CODEBOOK,
         hidden_size=hidden_size,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         intermediate_size=64,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
         num_quantizers=QUANTIZERS,
         decoder_dim=decoder_dim,
-        sliding_window=8,
+        sliding_window=8,  # shorter than the replies: the KV caches drop keys, the mask's window matters
     )
     model = Qwen3OmniMoeCode2Wav(config).eval()
     with torch.no_grad():
@@ -49,6 +51,12 @@ def tiny() -> Code2WavDecoder:
 def wide() -> Code2WavDecoder:
     """decoder_dim 64, hidden 64: the first convs are wide (conv1d path), the last ones narrow."""
     return make_decoder(decoder_dim=64, hidden_size=64, seed=1, perturbation=0.05)
+
+
+@pytest.fixture(scope="module")
+def grouped() -> Code2WavDecoder:
+    """Grouped-query attention (4 query heads over 2 key/value heads), as larger checkpoints have."""
+    return make_decoder(decoder_dim=32, seed=2, heads=4, kv_heads=2)
 
 
 def random_codes(frames: int, seed: int) -> torch.Tensor:
@@ -96,7 +104,7 @@ def test_a_reply_streamed_in_the_server_schedule_equals_the_one_shot_decode(mode
     assert_same_audio(torch.cat(chunks), decoder.decode_all(codes))
 
 
-@pytest.mark.parametrize("model", ["tiny", "wide"])
+@pytest.mark.parametrize("model", ["tiny", "wide", "grouped"])
 def test_streams_batched_at_different_positions_each_equal_their_one_shot_decode(model, request):
     """Pushes of streams that started at different times go through push_many together: first
     decodes beside later ones, chunks of different sizes, frames arriving one or several at a time."""
