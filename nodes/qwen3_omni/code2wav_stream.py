@@ -61,9 +61,6 @@ SAMPLE_RATE = 24000
 # cost on few channels (2-32 on the tiny model: 2-4x faster measured on CPU, more at batch > 1).
 # Wide convolutions keep the torch kernels.
 _MATMUL_CONV_MAX_INPUTS = 256
-# ...except a transposed conv of one stream producing fewer samples than this: there
-# conv_transpose1d's fixed cost is below the extra ops of the matmul form.
-_MATMUL_TRANSPOSED_MIN_SAMPLES = 1000
 
 
 def _bias_column(bias: torch.Tensor | None, channels: int, like: torch.Tensor) -> torch.Tensor:
@@ -185,7 +182,7 @@ class _TransposedConv:
             if x.shape[-1]:
                 state[self.slot] = x[..., -1:]
         batch, _, frames = x.shape
-        if self.matrix is None or (batch == 1 and frames * self.stride < _MATMUL_TRANSPOSED_MIN_SAMPLES):
+        if self.matrix is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
             # With the previous frame in front, trimming r on both sides leaves exactly the new samples.
             return y if self.slot < 0 else y[..., self.stride : y.shape[-1] - self.stride]
