@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache
 
 if TYPE_CHECKING:
@@ -88,6 +89,10 @@ class ThinkerRunner:
             self.thinker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity,
             max_capacity=getattr(getattr(omni, "bounds", None), "max_seq_len", None),
         )
+        # Decode forwards (`feed`) run the text model's layers directly (lean_decode.py) when it
+        # applies; False: always through the HF text model (tests compare the two).
+        self.lean = True
+        self.lean_decode = LeanDecode(self.thinker)
         self.forwards = 0  # model calls (for tests and metrics)
         self.rows_forwarded = 0
 
@@ -115,14 +120,21 @@ class ThinkerRunner:
     @torch.inference_mode()
     def feed(self, requests: list[Feed]) -> list[torch.Tensor]:
         """One forward for one new token on each of the requests' rows -> logits per request."""
-        ids = torch.tensor([[r.token] for r in requests], device=self.device)
-        embeds = self.embed_tokens(ids)  # [B, 1, D]
-        positions = torch.tensor([r.position for r in requests], device=self.device).view(1, -1, 1).expand(3, -1, 1)
+        tokens_positions = torch.tensor([[r.token for r in requests], [r.position for r in requests]],
+                                        device=self.device)
+        ids, positions = tokens_positions[0], tokens_positions[1]
         with self.cache.lock:
             for request in requests:
                 _check_owner(request)
             batch = self.cache.batch([r.slot for r in requests], 1)
-            out = self._run(batch, embeds, positions, None, None, False)
+            if self.lean and self.lean_decode.usable():
+                logits = self.lean_decode(ids, positions, batch)  # [B, V]
+                batch.commit()
+                self.forwards += 1
+                self.rows_forwarded += len(batch.rows)
+                return list(logits)
+            embeds = self.embed_tokens(ids[:, None])  # [B, 1, D]
+            out = self._run(batch, embeds, positions.view(1, -1, 1).expand(3, -1, 1), None, None, False)
         logits = self.thinker.lm_head(out.last_hidden_state[:, -1, :])  # [B, V]
         return list(logits)
 

@@ -1,0 +1,231 @@
+"""The thinker's decode forward (one new token on each of B slot-cache rows) without transformers' per-call machinery.
+
+On the small models this project runs on CPU a decode forward is almost all Python: the HF text
+model goes through `merge_with_config_defaults`, `capture_outputs`, `deprecate_kwarg`,
+`create_causal_mask`, the mrope rotary module, `Module.__call__` for every submodule and the
+`grouped_mm` experts dispatcher, for a few microseconds of arithmetic each. `LeanDecode` does
+what `Qwen3OmniMoeThinkerTextModel.forward` + `lm_head` do for that one case, on the modules'
+own parameters (referenced, never copied; dtype and device are the model's):
+
+    embeddings -> per layer: RMSNorm, q/k/v, q/k norms, rotary, write k/v into the rows
+    (`SlotBatch.update`), SDPA over each row's valid columns (`SlotBatch.mask`), o_proj,
+    residual, RMSNorm, MoE (router softmax/top-k, experts) or dense MLP, residual
+    -> final norm -> lm_head
+
+What differs from the HF forward, and why the logits stay the same:
+
+- Rotary: for a decode token the three mrope rows (temporal, height, width) hold the same
+  position, so the interleaved recomposition picks every frequency from equal rows: it is plain
+  rope at the token's (rotary) position. cos/sin are computed once per forward for the B
+  positions, exactly as the HF module computes them (`freqs.cos() * attention_scaling`), and
+  shared by all layers. `rotate_half(x) * sin` is computed as the halves swapped times sin with
+  its first half negated: (-a) * b == a * (-b) exactly, so this is bit for bit the same.
+- Norms: `torch.rms_norm` (one fused op instead of six).
+- Experts: for a few (token, expert) pairs, each pair's two expert matrices are gathered and
+  applied with `bmm` (transformers' own `batched_mm` experts implementation, written out): this
+  avoids the sort/histogram/offset bookkeeping of `grouped_mm`, which only pays once there are
+  more pairs than experts. Past that the module's own experts forward runs (whatever
+  `config._experts_implementation` says).
+- Attention: the SDPA call transformers makes for one query per row (grouped-query heads packed
+  as `[B, kv_heads, groups, head_dim]`, the 4-D additive mask of the rows).
+
+Only these last two can move a float's last bits (different kernels summing in another order);
+tests/model/test_lean_decode.py holds the logits to the HF forward's (1e-5) on the tiny checkpoint
+and on a larger random profile, for one row and for rows of different lengths.
+
+`LeanDecode.usable()` says when this applies: the module classes it mirrors, eval mode, SDPA
+attention, a rope without dynamic frequency updates, no hooks (on the model, per call; on its
+submodules, when built; global module hooks, per call). Otherwise `ThinkerRunner` uses the HF
+forward, as it does for every prefill chunk (`forward_rows`: deepstack, visual masks, hidden
+states).
+
+transformers coupling (pinned in pyproject): the bodies of the Qwen3-Omni thinker text model's
+decoder layer, attention, RMSNorm, rotary embedding, router and experts, and the sdpa
+attention function. Run tests/model/test_lean_decode.py after any transformers upgrade.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3_omni
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.slot_cache import SlotBatch
+
+# Up to this many experts, the MoE block runs every expert on every token (see `_moe`).
+DENSE_EXPERTS = 8
+
+_NORMS = (qwen3_omni.Qwen3OmniMoeThinkerTextRMSNorm, qwen3_omni.Qwen3OmniMoeTextRMSNorm)
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Forward hooks, or accelerate's (device placement / offload wraps `forward`)."""
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
+        or module._forward_pre_hooks_with_kwargs or module.__dict__.get("_hf_hook") is not None
+        or "forward" in module.__dict__
+    )
+
+
+class _Layer:
+    """One decoder layer's parameters (the modules' own tensors), looked up once."""
+
+    __slots__ = ("input_norm", "post_norm", "eps", "q", "k", "v", "o", "q_norm", "k_norm", "head_eps",
+                 "heads", "kv_heads", "head_dim", "scaling", "index", "mlp", "moe")
+
+    def __init__(self, layer: Any):
+        attn = layer.self_attn
+        self.index = attn.layer_idx
+        self.input_norm = layer.input_layernorm.weight
+        self.post_norm = layer.post_attention_layernorm.weight
+        self.eps = layer.input_layernorm.variance_epsilon
+        if layer.post_attention_layernorm.variance_epsilon != self.eps:
+            raise ValueError("different epsilons for the two layer norms")
+        self.q, self.k, self.v, self.o = ((p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.q_norm, self.k_norm = attn.q_norm.weight, attn.k_norm.weight
+        self.head_eps = attn.q_norm.variance_epsilon
+        self.head_dim = attn.head_dim
+        self.heads = attn.q_proj.out_features // attn.head_dim
+        self.kv_heads = attn.k_proj.out_features // attn.head_dim
+        self.scaling = attn.scaling
+        self.mlp = layer.mlp
+        self.moe = isinstance(layer.mlp, qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock)
+
+
+def unsupported(language_model: torch.nn.Module) -> str | None:
+    """Why `LeanDecode` cannot mirror this text model (checked once), or None."""
+    config = language_model.config
+    if type(language_model) is not qwen3_omni.Qwen3OmniMoeThinkerTextModel:
+        return f"text model class {type(language_model).__name__}"
+    if config._attn_implementation != "sdpa":
+        return f"attention implementation {config._attn_implementation!r}"
+    rope = language_model.rotary_emb
+    if type(rope) is not qwen3_omni.Qwen3OmniMoeThinkerTextRotaryEmbedding or "dynamic" in rope.rope_type \
+            or rope.rope_type == "longrope":
+        return f"rope type {rope.rope_type!r}"
+    for layer in language_model.layers:
+        attn = layer.self_attn
+        if type(layer) is not qwen3_omni.Qwen3OmniMoeThinkerTextDecoderLayer \
+                or type(attn) is not qwen3_omni.Qwen3OmniMoeThinkerTextAttention or attn.sliding_window is not None:
+            return f"decoder layer {type(layer).__name__}"
+        if type(layer.mlp) not in (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock, qwen3_omni.Qwen3OmniMoeThinkerTextMLP):
+            return f"mlp {type(layer.mlp).__name__}"
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
+        if any(type(norm) not in _NORMS for norm in norms):
+            return "norm class"
+    if type(language_model.norm) not in _NORMS:
+        return "final norm class"
+    hooked = [name for name, module in language_model.named_modules() if name and _hooked(module)]
+    if hooked:
+        return f"hooks on {hooked[0]}"
+    return None
+
+
+class LeanDecode:
+    """`thinker` text model + lm_head for one new token per row of a `SlotBatch` (see the module docstring)."""
+
+    def __init__(self, thinker: torch.nn.Module):
+        self.thinker = thinker
+        self.model = thinker.model.language_model
+        self.embed = thinker.get_input_embeddings()
+        self.lm_head = thinker.lm_head
+        self.why_not = unsupported(self.model)
+        if self.why_not is None and (_hooked(self.embed) or _hooked(self.lm_head)):
+            self.why_not = "hooks on the embeddings or lm_head"
+        if self.why_not is not None:
+            return
+        self.layers = [_Layer(layer) for layer in self.model.layers]
+        self.norm = self.model.norm.weight
+        self.hidden_shape = tuple(self.norm.shape)
+        self.norm_eps = self.model.norm.variance_epsilon
+        rope = self.model.rotary_emb
+        self.rope = rope
+        self.rope_scaling = rope.attention_scaling
+
+    def usable(self) -> bool:
+        """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
+        return (
+            self.why_not is None and not self.model.training and not _hooked(self.model) and not _hooked(self.thinker)
+            and not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
+        )
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and "signed" sin `[B, 1, head_dim]` for rotary positions `[B]` (see the module docstring)."""
+        inv_freq = self.rope.inv_freq
+        freqs = positions[:, None].to(torch.float32) * inv_freq.to(device=positions.device, dtype=torch.float32)
+        cos = freqs.cos() * self.rope_scaling
+        sin = freqs.sin() * self.rope_scaling
+        cos = torch.cat((cos, cos), dim=-1).to(dtype)
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype)
+        return cos[:, None], sin[:, None]
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+        """Logits `[B, vocab]` of tokens `ids` `[B]` at rotary `positions` `[B]` on `batch`'s rows
+        (one column each; `batch.query_length` == 1). Writes the rows' new keys/values; the
+        caller commits the batch."""
+        hidden = F.embedding(ids, self.embed.weight, self.embed.padding_idx)  # [B, D]
+        cos, sin = self.rotary(positions, hidden.dtype)
+        mask = batch.mask  # [B, 1, 1, kv]
+        rows = hidden.shape[0]
+        for layer in self.layers:
+            x = _rms_norm(hidden, layer.input_norm, layer.eps)
+            query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
+            key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
+            value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
+            query = _rotate(_rms_norm(query, layer.q_norm, layer.head_eps), cos, sin)
+            key = _rotate(_rms_norm(key, layer.k_norm, layer.head_eps), cos, sin)
+            keys, values = batch.update(key[:, :, None], value, layer.index)
+            # One query per row: the query heads of a kv head side by side, as transformers packs them.
+            query = query.view(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
+            hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
+            x = _rms_norm(hidden, layer.post_norm, layer.eps)
+            hidden = hidden + (_moe(layer.mlp, x) if layer.moe else layer.mlp.forward(x))
+        hidden = _rms_norm(hidden, self.norm, self.norm_eps)
+        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm over the last dim, same bits: mean = sum / n on CPU and CUDA; fewer ops."""
+    wide = x.to(torch.float32)
+    variance = (wide * wide).sum(dim=-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()
+    return weight * (wide * variance).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`x * cos + rotate_half(x) * sin` for `x` `[B, heads, head_dim]`."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin
+
+
+def _moe(block: Any, x: torch.Tensor) -> torch.Tensor:
+    """`Qwen3OmniMoeThinkerTextSparseMoeBlock.forward` for `x` `[T, D]`."""
+    gate, experts = block.gate, block.experts
+    logits = F.linear(x, gate.weight)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, gate.top_k, dim=-1)
+    if gate.norm_topk_prob:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(logits.dtype)
+    if experts.num_experts > DENSE_EXPERTS or not _plain_experts(experts):
+        return experts.forward(x, chosen, weights)
+    # Every expert on every token (one matmul each way), the unchosen ones weighted 0.
+    tokens, count = x.shape[0], experts.num_experts
+    gate_up = F.linear(x, experts.gate_up_proj.view(-1, x.shape[1])).view(tokens, count, -1)  # [T, E, 2I]
+    gate_part, up = gate_up.chunk(2, dim=-1)
+    dense_weights = torch.zeros_like(probs, dtype=weights.dtype).scatter_(1, chosen, weights)  # [T, E]
+    hidden = experts.act_fn(gate_part) * up * dense_weights[:, :, None]  # [T, E, I]
+    out = torch.bmm(hidden.transpose(0, 1), experts.down_proj.transpose(1, 2))  # [E, T, D]
+    return out.sum(dim=0).to(x.dtype)
+def _plain_experts(experts: Any) -> bool:
+    """The layout `_moe`'s gather path assumes (transformers' defaults for this model)."""
+    return (
+        getattr(experts, "has_gate", False) and not getattr(experts, "has_bias", True)
+        and not getattr(experts, "is_transposed", True) and getattr(experts, "is_concatenated", False)
+        and not getattr(experts, "has_post_expert_norm", True) and not getattr(experts, "_is_expert_parallel", True)
+    )
