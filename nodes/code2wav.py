@@ -15,7 +15,8 @@ since every decode has a fixed per-call cost. Chunks join without seams: togethe
 one-shot decode (see `nodes/qwen3_omni/code2wav_stream.py`).
 
 Decodes go through one shared `code2wav` executor: chunks that sessions decode at the same time
-run their conv stack as one batch (`push_many`); speech requests at lower priority.
+share one transformer pass and, same-sized, one conv pass (`push_many`); speech requests at lower
+priority.
 
 An `Interrupt` drops the reply's stream at once: no audio of that reply is emitted after it.
 """

@@ -16,16 +16,25 @@ samples. Streaming it exactly takes two kinds of state, both kept per reply by `
   one-shot decode of all frames yields the same total, so the stream ends without a flush.
 
 The chunks a stream emits, concatenated, equal `code2wav(all_frames)` (exactly in float64, to
-float32 rounding otherwise; tests/model/test_code2wav_stream.py).
+float32 rounding otherwise; tests/model/test_code2wav_stream.py, test_code2wav_streaming_steps.py).
 
-The conv stack runs as an explicit streaming forward (`_streaming_steps`) over the model's own
-weights: per causal conv, concat the carried context and the input, conv, keep the new tail; no
-padding, no trimming, no hooks, no `Module.__call__` per layer. On a small model Python and op
-overhead dominate a decode, so the steps precompute what the modules recompute per call (SnakeBeta's
-exp(alpha), 1/(exp(beta)+eps)) and the convolutions with few channels run as one matmul over an
-im2col view. The model itself is not touched: one-shot decode and `generate()` run as before. The
-steps snapshot the weights when the `Code2WavDecoder` is made (inference only; move or convert the
-model before that).
+Neither part goes through the HF modules' forwards; on a small model Python and op overhead, not
+arithmetic, dominate a decode (the tiny checkpoint: ~450 tiny ops per decode). The model itself
+is not touched: one-shot decode and `generate()` run as before.
+
+* `_Transformer`: the new frames of all streams due in one `push_many` go through the
+  transformer as one packed sequence, each frame attending to its own stream's keys within the
+  sliding window (a block mask), each stream with its own KV cache. The layers' submodules
+  (projections, norms, MLPs, RoPE) keep their code and weights; mask and cache objects are ours.
+* `_streaming_steps`: the conv stack as explicit steps over the model's weights: per causal
+  conv, concat the carried context and the input, convolve, keep the new tail (no padding, no
+  trimming). SnakeBeta's exp(alpha) and 1/(exp(beta)+eps) are computed once, not per call. Convs
+  with few input channels (2-32 on the tiny model, where oneDNN pays a large fixed cost) run as
+  one 2-D matmul over a strided im2col view of the whole batch, depthwise ones as a multiply-sum
+  over the taps, transposed ones as one matmul whose r-sample outputs are laid out in time; wide
+  ones (the stock model's first layers) keep conv1d / conv_transpose1d.
+  The steps snapshot the weights when the `Code2WavDecoder` is made (inference only; move or
+  convert the model before that).
 
 Chunk schedule: the first decode runs as soon as `first_chunk_frames` (default 1 frame = 57 ms of
 audio) are in, for a low time-to-first-audio; the second is the same size again, so it can come
