@@ -18,20 +18,27 @@ What differs from the HF forward, and why the logits stay the same:
   position, so the interleaved recomposition picks every frequency from equal rows: it is plain
   rope at the token's (rotary) position. cos/sin are computed once per forward for the B
   positions, exactly as the HF module computes them (`freqs.cos() * attention_scaling`), and
-  shared by all layers. `rotate_half(x) * sin` is computed as the halves swapped times sin with
-  its first half negated: (-a) * b == a * (-b) exactly, so this is bit for bit the same.
-- Norms: `torch.rms_norm` (one fused op instead of six).
-- Experts: for a few (token, expert) pairs, each pair's two expert matrices are gathered and
-  applied with `bmm` (transformers' own `batched_mm` experts implementation, written out): this
-  avoids the sort/histogram/offset bookkeeping of `grouped_mm`, which only pays once there are
-  more pairs than experts. Past that the module's own experts forward runs (whatever
-  `config._experts_implementation` says).
+  shared by all layers. `rotate_half(x) * sin` is computed as `x.roll(half)` (the halves
+  swapped) times sin with its first half negated: (-a) * b == a * (-b) exactly.
+- q_norm and k_norm (same epsilon) and the rotary run once on the query and key heads side by
+  side (`cat`): each head's numbers are computed as before, with half the dispatched ops.
+- RMSNorm: the same ops in place where possible, epsilon and size as 0-dim tensors (a Python
+  scalar costs a wrap and a copy per op); `mean` on CPU is `sum` then `div_`, as here.
 - Attention: the SDPA call transformers makes for one query per row (grouped-query heads packed
   as `[B, kv_heads, groups, head_dim]`, the 4-D additive mask of the rows).
+- Experts: with few experts (`DENSE_EXPERTS`; the tiny profiles have 4) every expert runs on
+  every token as one matmul each way, the unchosen ones weighted 0. That is at most
+  experts/top_k times the arithmetic of the chosen pairs, and on CPU it measured 2-5x faster
+  than `grouped_mm` (no sort, histogram, offsets or per-pair gathers) up to the 38 M-parameter
+  profile. With many experts (the real checkpoint: 128) the module's own experts forward runs
+  (whatever `config._experts_implementation` says).
 
-Only these last two can move a float's last bits (different kernels summing in another order);
-tests/model/test_lean_decode.py holds the logits to the HF forward's (1e-5) on the tiny checkpoint
-and on a larger random profile, for one row and for rows of different lengths.
+Up to the experts, the lean forward gives the HF forward's numbers bit for bit on CPU (checked
+with the module's experts forward); the dense experts sum in another order (a different GEMM
+shape), ~1e-7 on the tiny checkpoint. tests/model/test_lean_decode.py holds the logits and the
+written keys/values to the HF forward's (1e-5) on the tiny checkpoint, on a larger random
+profile and on a config that takes the other branches, for one row and rows of different
+lengths.
 
 `LeanDecode.usable()` says when this applies: the module classes it mirrors, eval mode, SDPA
 attention, a rope without dynamic frequency updates, no hooks (on the model, per call; on its
@@ -75,19 +82,19 @@ class _Layer:
     """One decoder layer's parameters (the modules' own tensors), looked up once."""
 
     __slots__ = ("input_norm", "post_norm", "eps", "q", "k", "v", "o", "q_norm", "k_norm", "head_eps",
-                 "heads", "kv_heads", "head_dim", "scaling", "index", "mlp", "moe")
+                 "heads", "kv_heads", "head_dim", "head_size", "scaling", "index", "mlp", "moe")
 
     def __init__(self, layer: Any):
         attn = layer.self_attn
         self.index = attn.layer_idx
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
-        self.eps = layer.input_layernorm.variance_epsilon
-        if layer.post_attention_layernorm.variance_epsilon != self.eps:
-            raise ValueError("different epsilons for the two layer norms")
+        device = self.input_norm.device
+        self.eps = torch.tensor(layer.input_layernorm.variance_epsilon, dtype=torch.float32, device=device)
         self.q, self.k, self.v, self.o = ((p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
         self.q_norm, self.k_norm = attn.q_norm.weight, attn.k_norm.weight
-        self.head_eps = attn.q_norm.variance_epsilon
+        self.head_eps = torch.tensor(attn.q_norm.variance_epsilon, dtype=torch.float32, device=device)
+        self.head_size = torch.tensor(float(attn.head_dim), dtype=torch.float32, device=device)
         self.head_dim = attn.head_dim
         self.heads = attn.q_proj.out_features // attn.head_dim
         self.kv_heads = attn.k_proj.out_features // attn.head_dim
@@ -117,6 +124,8 @@ def unsupported(language_model: torch.nn.Module) -> str | None:
         norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
         if any(type(norm) not in _NORMS for norm in norms):
             return "norm class"
+        if norms[0].variance_epsilon != norms[1].variance_epsilon or norms[2].variance_epsilon != norms[3].variance_epsilon:
+            return "different epsilons in one layer's norms"
     if type(language_model.norm) not in _NORMS:
         return "final norm class"
     hooked = [name for name, module in language_model.named_modules() if name and _hooked(module)]
@@ -140,8 +149,9 @@ class LeanDecode:
             return
         self.layers = [_Layer(layer) for layer in self.model.layers]
         self.norm = self.model.norm.weight
-        self.hidden_shape = tuple(self.norm.shape)
-        self.norm_eps = self.model.norm.variance_epsilon
+        constant = dict(dtype=torch.float32, device=self.norm.device)
+        self.hidden_size = torch.tensor(float(self.norm.shape[-1]), **constant)
+        self.norm_eps = torch.tensor(self.model.norm.variance_epsilon, **constant)
         rope = self.model.rotary_emb
         self.rope = rope
         self.rope_scaling = rope.attention_scaling
@@ -172,35 +182,41 @@ class LeanDecode:
         mask = batch.mask  # [B, 1, 1, kv]
         rows = hidden.shape[0]
         for layer in self.layers:
-            x = _rms_norm(hidden, layer.input_norm, layer.eps)
+            x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
             query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
             key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
             value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
-            query = _rotate(_rms_norm(query, layer.q_norm, layer.head_eps), cos, sin)
-            key = _rotate(_rms_norm(key, layer.k_norm, layer.head_eps), cos, sin)
+            # q_norm and k_norm (same epsilon) and the rotary, on the query and key heads at once.
+            heads = torch.cat((query, key), dim=1)  # [B, heads + kv_heads, head_dim]
+            head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
+            heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
+            query, key = heads[:, : layer.heads], heads[:, layer.heads :]
             keys, values = batch.update(key[:, :, None], value, layer.index)
             # One query per row: the query heads of a kv head side by side, as transformers packs them.
             query = query.view(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
             hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
-            x = _rms_norm(hidden, layer.post_norm, layer.eps)
+            x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
             hidden = hidden + (_moe(layer.mlp, x) if layer.moe else layer.mlp.forward(x))
-        hidden = _rms_norm(hidden, self.norm, self.norm_eps)
+        hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The model's RMSNorm over the last dim, same bits: mean = sum / n on CPU and CUDA; fewer ops."""
-    wide = x.to(torch.float32)
-    variance = (wide * wide).sum(dim=-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()
-    return weight * (wide * variance).to(x.dtype)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm over the last dim (of `size` elements) in fewer dispatched ops; `eps`
+    and `size` are float32 0-dim tensors (cheaper than Python scalars). On CPU the same bits:
+    `mean` is `sum` then `div_` by the size there."""
+    if x.dtype != torch.float32:
+        wide = x.to(torch.float32)
+        variance = (wide * wide).sum(dim=-1, keepdim=True).div_(size).add_(eps).rsqrt_()
+        return weight * (wide * variance).to(x.dtype)
+    variance = (x * x).sum(dim=-1, keepdim=True).div_(size).add_(eps).rsqrt_()
+    return weight * (x * variance)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """`x * cos + rotate_half(x) * sin` for `x` `[B, heads, head_dim]`."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * signed_sin
+    """`x * cos + rotate_half(x) * sin` for `x` `[B, heads, head_dim]` (`signed_sin`: see `LeanDecode.rotary`)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _moe(block: Any, x: torch.Tensor) -> torch.Tensor:

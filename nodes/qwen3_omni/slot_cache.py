@@ -59,12 +59,18 @@ class SlotKVCache:
         self.keys = [self._zeros(slots, capacity) for _ in range(layers)]
         self.values = [self._zeros(slots, capacity) for _ in range(layers)]
         self.lengths: list[int] = [0] * slots
+        self._ranges()
         self._free: list[int] = list(range(slots - 1, -1, -1))  # pop() hands out low rows first
 
     @classmethod
     def for_text_config(cls, config, *, dtype: torch.dtype, device: torch.device | str, **sizes: int) -> SlotKVCache:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype=dtype, device=device, **sizes)
+
+    def _ranges(self) -> None:
+        """`arange`s every forward's indices and mask are built from (made once per capacity)."""
+        self._head_range = torch.arange(self.kv_heads, device=self.device)
+        self._column_range = torch.arange(self.capacity, device=self.device)
 
     def _zeros(self, slots: int, capacity: int) -> torch.Tensor:
         return torch.zeros((slots, self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
@@ -152,6 +158,7 @@ class SlotKVCache:
         self._free = list(range(slots - 1, old_slots - 1, -1)) + self._free
         self.lengths += [0] * (slots - old_slots)
         self.capacity = capacity
+        self._ranges()
 
 
 class SlotBatch:
@@ -168,21 +175,23 @@ class SlotBatch:
         self.query_length = query_length
         self.kv_length = max(starts) + query_length
         device = cache.device
-        self._rows_t = torch.tensor(rows, device=device)
-        self._starts_t = torch.tensor(starts, device=device)
+        rows_starts = torch.tensor([rows, starts], device=device)  # one host->device copy for both
+        self._rows_t, self._starts_t = rows_starts[0], rows_starts[1]
         first = rows[0]
         self._contiguous = rows == list(range(first, first + len(rows)))
         # Flat index of (row, head, start) in a buffer viewed as [slots * kv_heads * capacity, head_dim].
-        heads = torch.arange(cache.kv_heads, device=device)
-        self._columns = ((self._rows_t[:, None] * cache.kv_heads + heads[None, :]) * cache.capacity
+        self._columns = ((self._rows_t[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
                          + self._starts_t[:, None]).reshape(-1)
         self._slice = slice(first, first + len(rows))
         # Query i of row b sees columns 0 .. start_b + i.
-        columns = torch.arange(self.kv_length, device=device)
-        last_seen = self._starts_t[:, None] + torch.arange(query_length, device=device)[None, :]  # [B, q]
-        allowed = columns[None, None, :] <= last_seen[:, :, None]  # [B, q, kv]
-        mask = torch.zeros(allowed.shape, dtype=cache.dtype, device=device)
-        self.mask = mask.masked_fill_(~allowed, torch.finfo(cache.dtype).min)[:, None]  # [B, 1, q, kv]
+        columns = cache._column_range[: self.kv_length]
+        if query_length == 1:
+            hidden = columns[None, None, :] > self._starts_t[:, None, None]  # [B, 1, kv]
+        else:
+            last_seen = self._starts_t[:, None] + torch.arange(query_length, device=device)[None, :]  # [B, q]
+            hidden = columns[None, None, :] > last_seen[:, :, None]  # [B, q, kv]
+        mask = torch.zeros(hidden.shape, dtype=cache.dtype, device=device)
+        self.mask = mask.masked_fill_(hidden, torch.finfo(cache.dtype).min)[:, None]  # [B, 1, q, kv]
 
     def text_positions(self) -> torch.Tensor:
         """`[B, q]` cache positions of the new tokens (the text row of Qwen3-Omni's position ids)."""

@@ -203,3 +203,13 @@ def test_slot_cache_grows_and_keeps_what_rows_hold():
     assert torch.equal(k, keys[0][0]) and torch.equal(v, keys[0][0] + 100)
     assert batch.mask.shape == (1, 1, 6, 6)
     assert np.isclose(batch.mask[0, 0, 0, 1].item(), torch.finfo(torch.float32).min)  # causal within the row
+    cache.lengths[second] = 7
+    step = cache.batch([second, first], 1)  # one new token each: row `second` sees 8 columns, `first` 4
+    assert step.mask.shape == (2, 1, 1, 8)
+    assert (step.mask[0, 0, 0] == 0).all()
+    assert (step.mask[1, 0, 0, :4] == 0).all() and (step.mask[1, 0, 0, 4:] == torch.finfo(torch.float32).min).all()
+    new_keys = torch.full((2, 2, 1, 4), 7.0)
+    rows_keys, _ = step.update(new_keys, new_keys + 1, 0)  # the new columns land at each row's length
+    assert torch.equal(cache.keys[0][second, :, 7], new_keys[0, :, 0])
+    assert torch.equal(cache.keys[0][first, :, 3], new_keys[1, :, 0])
+    assert torch.equal(rows_keys[1, :, :3], keys[0][0])  # what row `first` held is kept, in the given row order
