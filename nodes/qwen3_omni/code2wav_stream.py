@@ -158,11 +158,11 @@ class _TransposedConv:
     """An upsampling transposed convolution (kernel 2r, stride r, trimmed r on both sides) that
     carries its last input frame in `state[slot]`, or (kernel r, untrimmed) nothing.
 
-    Output samples t*r .. t*r+r-1 (after the trim) are W[:, :, :r] applied to input frame t+1 plus
-    W[:, :, r:] applied to frame t (frame 0: the carried one): for narrow ones, one matmul with
-    both halves stacked over the two shifted inputs, then the frames' r samples laid out in time."""
+    Output samples t*r .. t*r+r-1 (after the trim) are W[:, :, r:] applied to input frame t (frame
+    0: the carried one) plus W[:, :, :r] applied to frame t+1: for narrow ones, one matmul with both
+    halves side by side over a strided view of the two frames, then the r samples laid out in time."""
 
-    __slots__ = ("weight", "bias", "stride", "slot", "matrix", "bias_column")
+    __slots__ = ("weight", "bias", "stride", "slot", "matrix", "bias_rows")
 
     def __init__(self, module: Qwen3OmniMoeCausalTransConvNet, slot: int):
         kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
@@ -175,11 +175,12 @@ class _TransposedConv:
             halves = self.weight
         elif kernel == 2 * stride and module.left_pad == module.right_pad == stride:
             self.slot = slot
-            halves = torch.cat((self.weight[..., :stride], self.weight[..., stride:]))  # [2*in, out, r]
+            halves = torch.cat((self.weight[..., stride:], self.weight[..., :stride]))  # [2*in, out, r]
         else:
             raise ValueError(f"streaming code2wav cannot carry a transposed conv ({kernel=}, {stride=})")
         self.matrix = None
-        self.bias_column = _bias_column(self.bias, out_channels, self.weight).view(-1, 1, 1)
+        # [out*r, 1]: row o*r + j is output channel o's sample j of a frame
+        self.bias_rows = _bias_column(self.bias, out_channels, self.weight).repeat_interleave(stride, dim=0)
         if in_channels * kernel <= _MATMUL_CONV_MAX_INPUTS:
             self.matrix = halves.permute(1, 2, 0).reshape(out_channels * stride, halves.shape[0]).contiguous()
 
@@ -190,21 +191,20 @@ class _TransposedConv:
                 x = torch.cat((previous, x), dim=-1)
             if x.shape[-1]:
                 state[self.slot] = x[..., -1:]
-        batch, _, frames = x.shape
+        batch, channels, frames = x.shape
         if self.matrix is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
             # With the previous frame in front, trimming r on both sides leaves exactly the new samples.
             return y if self.slot < 0 else y[..., self.stride : y.shape[-1] - self.stride]
-        if self.slot >= 0:  # columns [2*in, B, frames-1]: frame t+1 over frame t
+        if self.slot >= 0:  # columns [2, in, B, frames-1]: frame t over frame t+1
             frames -= 1
-            columns = torch.cat((x[..., 1:].transpose(0, 1), x[..., :-1].transpose(0, 1)))
+            stride_b, stride_c, stride_t = x.stride()
+            columns = x.as_strided((2, channels, batch, frames), (stride_t, stride_c, stride_b, stride_t))
         else:
             columns = x.transpose(0, 1)
-        y = torch.mm(self.matrix, columns.reshape(columns.shape[0], batch * frames))  # [out*r, B*frames]
-        samples = y.new_empty((batch, y.shape[0] // self.stride, frames, self.stride))
-        # Laid out in time ([B, out, frames, r]) with the bias added, in one pass.
-        torch.add(y.view(-1, self.stride, batch, frames).permute(2, 0, 3, 1), self.bias_column, out=samples)
-        return samples.view(batch, -1, frames * self.stride)
+        y = torch.addmm(self.bias_rows, self.matrix, columns.reshape(-1, batch * frames))  # [out*r, B*frames]
+        # Laid out in time: [out, r, B, frames] -> [B, out, frames, r] -> [B, out, frames*r]
+        return y.view(-1, self.stride, batch, frames).permute(2, 0, 3, 1).reshape(batch, -1, frames * self.stride)
 
 
 class _ConvNeXt:
