@@ -65,10 +65,11 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 SAMPLE_RATE = 24000
 
-# Convolutions with at most this many inputs per output sample (in_channels * kernel) run as
-# matmuls over strided views instead of oneDNN's conv1d / conv_transpose1d, which pay a large fixed
-# cost on few channels (2-32 on the tiny model: 2-4x faster measured on CPU, more at batch > 1).
-# Wide convolutions keep the torch kernels.
+# Convolutions with at most this many inputs per output sample (in_channels * kernel, or
+# in_channels * kernel / stride for a transposed one) run as matmuls over strided views instead of
+# oneDNN's conv1d / conv_transpose1d, which pay a large fixed cost on few channels (2-32 on the tiny
+# model: 2-4x faster measured on CPU, more at batch > 1). Wide convolutions (the stock model's)
+# keep the torch kernels.
 _MATMUL_CONV_MAX_INPUTS = 256
 
 
@@ -181,7 +182,7 @@ class _TransposedConv:
         self.matrix = None
         # [out*r, 1]: row o*r + j is output channel o's sample j of a frame
         self.bias_rows = _bias_column(self.bias, out_channels, self.weight).repeat_interleave(stride, dim=0)
-        if in_channels * kernel <= _MATMUL_CONV_MAX_INPUTS:
+        if in_channels * kernel // stride <= _MATMUL_CONV_MAX_INPUTS:  # inputs per output sample
             self.matrix = halves.permute(1, 2, 0).reshape(out_channels * stride, halves.shape[0]).contiguous()
 
     def __call__(self, x: torch.Tensor, state: list[Any]) -> torch.Tensor:
