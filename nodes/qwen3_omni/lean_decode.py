@@ -26,19 +26,21 @@ What differs from the HF forward, and why the logits stay the same:
   scalar costs a wrap and a copy per op); `mean` on CPU is `sum` then `div_`, as here.
 - Attention: the SDPA call transformers makes for one query per row (grouped-query heads packed
   as `[B, kv_heads, groups, head_dim]`, the 4-D additive mask of the rows).
-- Experts: with few experts (`DENSE_EXPERTS`; the tiny profiles have 4) every expert runs on
-  every token as one matmul each way, the unchosen ones weighted 0. That is at most
-  experts/top_k times the arithmetic of the chosen pairs, and on CPU it measured 2-5x faster
-  than `grouped_mm` (no sort, histogram, offsets or per-pair gathers) up to the 38 M-parameter
-  profile. With many experts (the real checkpoint: 128) the module's own experts forward runs
-  (whatever `config._experts_implementation` says).
+- Experts: with few experts (`DENSE_EXPERTS`; the tiny profiles have 4), either every expert
+  runs on every token as one matmul each way, the unchosen ones weighted 0 (at most
+  experts/top_k times the arithmetic of the chosen pairs; it reads every expert once), or, on
+  CPU when that reads fewer bytes (large experts, a token or two), each chosen (token, expert)
+  pair runs on its own expert's matrices. Both measured faster than `grouped_mm` on CPU (no
+  sort, histogram or offsets; the tiny model: ~5x for the block; the 38 M-parameter profile:
+  equal to 1.4x). With many experts (the real checkpoint: 128) the module's own experts
+  forward runs (whatever `config._experts_implementation` says).
 
 Up to the experts, the lean forward gives the HF forward's numbers bit for bit on CPU (checked
-with the module's experts forward); the dense experts sum in another order (a different GEMM
-shape), ~1e-7 on the tiny checkpoint. tests/model/test_lean_decode.py holds the logits and the
-written keys/values to the HF forward's (1e-5) on the tiny checkpoint, on a larger random
-profile and on a config that takes the other branches, for one row and rows of different
-lengths.
+with the module's experts forward); the every-expert matmuls sum in another order (another GEMM
+shape): ~1e-7 on the tiny checkpoint, ~1e-6 on the 38 M-parameter one.
+tests/model/test_lean_decode.py holds the logits and the written keys/values to the HF
+forward's (1e-5) on the tiny checkpoint, on a larger random profile, through each experts path
+and on a config that takes the other branches, for one row and rows of different lengths.
 
 `LeanDecode.usable()` says when this applies: the module classes it mirrors, eval mode, SDPA
 attention, a rope without dynamic frequency updates, no hooks (on the model, per call; on its
@@ -63,8 +65,12 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3_
 if TYPE_CHECKING:
     from nodes.qwen3_omni.slot_cache import SlotBatch
 
-# Up to this many experts, the MoE block runs every expert on every token (see `_moe`).
+# Up to this many experts, the MoE block runs every expert on every token, or on CPU, when it
+# reads fewer bytes, each chosen (token, expert) pair on its own (see `_moe`).
 DENSE_EXPERTS = 8
+# What one (token, expert) pair's own ops cost on CPU, as bytes of weights read in that time
+# (~10 dispatched ops of ~1.5 us at ~10 GB/s).
+PAIR_COST_BYTES = 150_000
 
 _NORMS = (qwen3_omni.Qwen3OmniMoeThinkerTextRMSNorm, qwen3_omni.Qwen3OmniMoeTextRMSNorm)
 
@@ -82,7 +88,8 @@ class _Layer:
     """One decoder layer's parameters (the modules' own tensors), looked up once."""
 
     __slots__ = ("input_norm", "post_norm", "eps", "q", "k", "v", "o", "q_norm", "k_norm", "head_eps",
-                 "heads", "kv_heads", "head_dim", "head_size", "scaling", "index", "mlp", "moe")
+                 "heads", "kv_heads", "head_dim", "head_size", "scaling", "index", "mlp", "moe",
+                 "router", "top_k", "norm_top_k", "experts", "dense_experts", "expert_bytes", "act")
 
     def __init__(self, layer: Any):
         attn = layer.self_attn
@@ -91,7 +98,8 @@ class _Layer:
         self.post_norm = layer.post_attention_layernorm.weight
         device = self.input_norm.device
         self.eps = torch.tensor(layer.input_layernorm.variance_epsilon, dtype=torch.float32, device=device)
-        self.q, self.k, self.v, self.o = ((p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        self.q, self.k, self.v, self.o = ((p.weight, p.bias) for p in projections)
         self.q_norm, self.k_norm = attn.q_norm.weight, attn.k_norm.weight
         self.head_eps = torch.tensor(attn.q_norm.variance_epsilon, dtype=torch.float32, device=device)
         self.head_size = torch.tensor(float(attn.head_dim), dtype=torch.float32, device=device)
@@ -101,6 +109,14 @@ class _Layer:
         self.scaling = attn.scaling
         self.mlp = layer.mlp
         self.moe = isinstance(layer.mlp, qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock)
+        if self.moe:
+            gate, experts = layer.mlp.gate, layer.mlp.experts
+            self.router, self.top_k, self.norm_top_k = gate.weight, gate.top_k, gate.norm_topk_prob
+            self.experts = experts
+            self.dense_experts = experts.num_experts <= DENSE_EXPERTS and _plain_experts(experts)
+            size = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
+            self.expert_bytes = size * experts.down_proj.element_size()
+            self.act = experts.act_fn.forward if isinstance(experts.act_fn, torch.nn.Module) else experts.act_fn
 
 
 def unsupported(language_model: torch.nn.Module) -> str | None:
@@ -119,12 +135,14 @@ def unsupported(language_model: torch.nn.Module) -> str | None:
         if type(layer) is not qwen3_omni.Qwen3OmniMoeThinkerTextDecoderLayer \
                 or type(attn) is not qwen3_omni.Qwen3OmniMoeThinkerTextAttention or attn.sliding_window is not None:
             return f"decoder layer {type(layer).__name__}"
-        if type(layer.mlp) not in (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock, qwen3_omni.Qwen3OmniMoeThinkerTextMLP):
+        if type(layer.mlp) not in (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock,
+                                   qwen3_omni.Qwen3OmniMoeThinkerTextMLP):
             return f"mlp {type(layer.mlp).__name__}"
         norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
         if any(type(norm) not in _NORMS for norm in norms):
             return "norm class"
-        if norms[0].variance_epsilon != norms[1].variance_epsilon or norms[2].variance_epsilon != norms[3].variance_epsilon:
+        epsilons = [norm.variance_epsilon for norm in norms]
+        if epsilons[0] != epsilons[1] or epsilons[2] != epsilons[3]:
             return "different epsilons in one layer's norms"
     if type(language_model.norm) not in _NORMS:
         return "final norm class"
@@ -197,7 +215,7 @@ class LeanDecode:
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
             hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
             x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
-            hidden = hidden + (_moe(layer.mlp, x) if layer.moe else layer.mlp.forward(x))
+            hidden = hidden + (_moe(layer, x) if layer.moe else layer.mlp.forward(x))
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
@@ -219,29 +237,45 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def _moe(block: Any, x: torch.Tensor) -> torch.Tensor:
+def _moe(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
     """`Qwen3OmniMoeThinkerTextSparseMoeBlock.forward` for `x` `[T, D]`."""
-    gate, experts = block.gate, block.experts
-    logits = F.linear(x, gate.weight)
+    logits = F.linear(x, layer.router)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-    weights, chosen = torch.topk(probs, gate.top_k, dim=-1)
-    if gate.norm_topk_prob:
+    weights, chosen = torch.topk(probs, layer.top_k, dim=-1)
+    if layer.norm_top_k:
         weights /= weights.sum(dim=-1, keepdim=True)
-    weights = weights.to(logits.dtype)
-    if experts.num_experts > DENSE_EXPERTS or not _plain_experts(experts):
+    if weights.dtype != logits.dtype:
+        weights = weights.to(logits.dtype)
+    experts = layer.experts
+    if not layer.dense_experts:
         return experts.forward(x, chosen, weights)
+    gate_up_proj, down_proj = experts.gate_up_proj, experts.down_proj
+    tokens, count = x.shape[0], gate_up_proj.shape[0]
+    pairs = chosen.numel()
+    if x.device.type == "cpu" and pairs * (layer.expert_bytes + PAIR_COST_BYTES) < count * layer.expert_bytes:
+        # Each chosen pair on its own: reads only the chosen experts' weights (large experts, few tokens).
+        rows = []
+        for token, (picked, picked_weights) in enumerate(zip(chosen.tolist(), weights)):
+            row = None
+            for expert, weight in zip(picked, picked_weights):
+                gate_part, up = F.linear(x[token], gate_up_proj[expert]).chunk(2, dim=-1)
+                out = F.linear(layer.act(gate_part) * up, down_proj[expert]) * weight
+                row = out if row is None else row + out
+            rows.append(row)
+        return torch.stack(rows)
     # Every expert on every token (one matmul each way), the unchosen ones weighted 0.
-    tokens, count = x.shape[0], experts.num_experts
-    gate_up = F.linear(x, experts.gate_up_proj.view(-1, x.shape[1])).view(tokens, count, -1)  # [T, E, 2I]
+    gate_up = F.linear(x, gate_up_proj.view(-1, x.shape[1])).view(tokens, count, -1)  # [T, E, 2I]
     gate_part, up = gate_up.chunk(2, dim=-1)
-    dense_weights = torch.zeros_like(probs, dtype=weights.dtype).scatter_(1, chosen, weights)  # [T, E]
-    hidden = experts.act_fn(gate_part) * up * dense_weights[:, :, None]  # [T, E, I]
-    out = torch.bmm(hidden.transpose(0, 1), experts.down_proj.transpose(1, 2))  # [E, T, D]
-    return out.sum(dim=0).to(x.dtype)
+    dense_weights = torch.zeros_like(logits).scatter_(1, chosen, weights)  # [T, E]
+    hidden = layer.act(gate_part) * up * dense_weights[:, :, None]  # [T, E, I]
+    return torch.bmm(hidden.transpose(0, 1), down_proj.transpose(1, 2)).sum(dim=0)  # [E, T, D] -> [T, D]
+
+
 def _plain_experts(experts: Any) -> bool:
-    """The layout `_moe`'s gather path assumes (transformers' defaults for this model)."""
+    """The layout `_moe`'s dense path assumes (transformers' defaults for this model)."""
     return (
-        getattr(experts, "has_gate", False) and not getattr(experts, "has_bias", True)
+        experts.gate_up_proj.is_contiguous() and experts.down_proj.is_contiguous()
+        and getattr(experts, "has_gate", False) and not getattr(experts, "has_bias", True)
         and not getattr(experts, "is_transposed", True) and getattr(experts, "is_concatenated", False)
         and not getattr(experts, "has_post_expert_norm", True) and not getattr(experts, "_is_expert_parallel", True)
     )

@@ -3,10 +3,10 @@
 Each test feeds the same tokens on the same slot-cache state twice, once through the HF text
 model (`runner.lean = False`) and once through `LeanDecode`, and compares what comes out: the
 logits of every row and the key/value columns written into every row, on the tiny checkpoint,
-on a larger random profile (`scale=4`: 8 layers, 16 heads) and on a variant config that takes
-the other branches (a dense MLP layer, more experts than the dense-experts path runs, no top-k
-renormalisation). These tests are the guard of lean_decode.py's coupling to transformers: run
-them after any transformers upgrade.
+on a larger random profile (`scale=4`: 8 layers, 16 heads), through each of the experts' paths
+for few experts, and on a variant config that takes the other branches (a dense MLP layer, more
+experts than the lean paths run, no top-k renormalisation). These tests are the guard of
+lean_decode.py's coupling to transformers: run them after any transformers upgrade.
 """
 
 from __future__ import annotations
@@ -79,9 +79,17 @@ def requests_for(sessions: list[ThinkerSession], token: int = 97) -> list[Feed]:
     return [Feed(s._slot, token + i, s.next_position, owner=s) for i, s in enumerate(sessions)]
 
 
+# The experts' paths for few experts (lean_decode._moe): as chosen by size, or forced either way.
+EXPERT_PATHS = {"by size": None, "each chosen pair": -(10**15), "every expert": 10**15}
+
+
+@pytest.mark.parametrize("experts", list(EXPERT_PATHS))
 @pytest.mark.parametrize("profile", ["tiny", "scale4"])
-def test_lean_decode_equals_the_hf_forward_for_one_row_and_for_rows_of_different_lengths(profile, omni, request):
+def test_lean_decode_equals_the_hf_forward_for_one_row_and_for_rows_of_different_lengths(profile, experts, omni,
+                                                                                          request, monkeypatch):
     model = omni if profile == "tiny" else request.getfixturevalue("scaled_omni")
+    if EXPERT_PATHS[experts] is not None:
+        monkeypatch.setattr(lean_decode, "PAIR_COST_BYTES", EXPERT_PATHS[experts])
     sessions = prefilled_sessions(model, [3, 0, 40, 11, 90])
     assert sessions[1].next_position < sessions[1].context_length  # mrope: positions != columns
     runner = sessions[0]._runner
