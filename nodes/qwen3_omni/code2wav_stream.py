@@ -36,6 +36,11 @@ is not touched: one-shot decode and `generate()` run as before.
   The steps snapshot the weights when the `Code2WavDecoder` is made (inference only; move or
   convert the model before that).
 
+transformers coupling (pinned in pyproject): both mirror the forward bodies of the code2wav
+modules (`Qwen3OmniMoeCode2Wav` and its transformer, conv, ConvNeXt, residual and SnakeBeta
+modules). The tests compare streamed audio against the model's own one-shot decode: run
+tests/model/test_code2wav_stream*.py after any transformers upgrade.
+
 Chunk schedule: the first decode runs as soon as `first_chunk_frames` (default 1 frame = 57 ms of
 audio) are in, for a low time-to-first-audio; the second is the same size again, so it can come
 before the first has played (57 ms: on a loaded server, two frames often took longer: the
@@ -209,7 +214,7 @@ class _TransposedConv:
 
 
 class _ConvNeXt:
-    """Qwen3OmniMoeConvNeXtBlock with a streaming depthwise conv (same ops as the module)."""
+    """Qwen3OmniMoeConvNeXtBlock with a streaming depthwise conv (the module's ops after it)."""
 
     __slots__ = ("dwconv", "norm", "pwconv1", "pwconv2", "gamma", "approximate")
 
