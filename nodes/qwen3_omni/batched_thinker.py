@@ -3,10 +3,12 @@
 Two pieces, shared by all sessions of one model:
 
 - `ThinkerRunner` owns the model's `SlotKVCache` (slot_cache.py: one KV row per session) and
-  runs forwards: `forward_rows` for a prefill chunk of one row, `feed` for one new token on each
-  of many rows (one forward, whatever the rows' lengths). Every forward holds the cache's lock,
-  so direct calls from compute threads (tests, warm-up, truncate) and the executor's worker
-  never overlap.
+  runs forwards: `forward_rows` for a prefill chunk of one row (the HF text model), `feed` for
+  one new token on each of many rows (one forward, whatever the rows' lengths; through
+  `LeanDecode`, lean_decode.py, the text model's layers without transformers' per-call
+  wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model).
+  Every forward holds the cache's lock, so direct calls from compute threads (tests, warm-up,
+  truncate) and the executor's worker never overlap.
 - `ThinkerExecutor` is the shared executor the thinker node submits to (a `graph.executor.Batcher`
   named "thinker"). A session's model call (`ThinkerSession.decode_work()`,
   `.prefill_work(...)`, `.truncate_work(...)`) is a generator that yields forward requests

@@ -31,7 +31,8 @@ transformers coupling (pinned to 5.24.0 in pyproject): `SlotBatch` is not a `tra
 ...)` and attending over what it returns, and (b) `create_causal_mask` returning a 4-D mask
 as-is. tests/model/test_batched_thinker.py (batched == sequential logits) and
 tests/model/test_thinker.py (incremental == full prefill, == `generate()`) guard both: run them
-after any transformers upgrade.
+after any transformers upgrade. The thinker's decode forward (lean_decode.py) calls `update`
+and reads `mask` itself.
 
 Thread safety: `lock` (re-entrant) must be held around a forward and around any structural change
 (acquire/release/set_length/growth); `ThinkerRunner` does that.
