@@ -225,8 +225,11 @@ async def test_sessions_speaking_at_once_each_get_the_audio_they_get_alone(runti
     alone = [await speak("a", "chelsie", "first"), await speak("b", "aiden", "second one")]
     together = await asyncio.gather(speak("c", "chelsie", "first"), speak("d", "aiden", "second one"))
 
+    # Batched float32 matmuls round differently from one row alone (up to ~3e-5 here). 1e-4 is
+    # about three steps of 16-bit audio; audio mixed up between sessions differs by far more.
     for mine, reference in zip(together, alone):
-        assert np.allclose(mine, reference, rtol=0, atol=1e-5)
+        assert mine.shape == reference.shape
+        assert np.allclose(mine, reference, rtol=0, atol=1e-4)
 
 
 async def test_reply_params_override_the_talkers_sampling_and_frame_budget(runtime):
