@@ -122,6 +122,13 @@ class ThinkerRunner:
     @torch.inference_mode()
     def feed(self, requests: list[Feed]) -> list[torch.Tensor]:
         """One forward for one new token on each of the requests' rows -> logits per request."""
+        order = sorted(range(len(requests)), key=lambda i: requests[i].slot)
+        if order != list(range(len(requests))):  # rows in slot order: a contiguous set is read as a view
+            logits = self.feed([requests[i] for i in order])
+            by_request: list[torch.Tensor] = [None] * len(requests)  # type: ignore[list-item]
+            for row_logits, index in zip(logits, order):
+                by_request[index] = row_logits
+            return by_request
         tokens_positions = torch.tensor([[r.token for r in requests], [r.position for r in requests]],
                                         device=self.device)
         ids, positions = tokens_positions[0], tokens_positions[1]

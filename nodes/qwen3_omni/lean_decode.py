@@ -197,8 +197,9 @@ class LeanDecode:
         caller commits the batch."""
         hidden = F.embedding(ids, self.embed.weight, self.embed.padding_idx)  # [B, D]
         cos, sin = self.rotary(positions, hidden.dtype)
-        mask = batch.mask  # [B, 1, 1, kv]
         rows = hidden.shape[0]
+        covering = batch.covering()  # rows close together but not one range: attend over their range
+        mask = batch.mask if covering is None else covering[2]  # [B or range, 1, 1, kv]
         for layer in self.layers:
             x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
             query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
@@ -209,10 +210,17 @@ class LeanDecode:
             head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
             heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
             query, key = heads[:, : layer.heads], heads[:, layer.heads :]
-            keys, values = batch.update(key[:, :, None], value, layer.index)
             # One query per row: the query heads of a kv head side by side, as transformers packs them.
             query = query.view(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
+            if covering is None:
+                keys, values = batch.update(key[:, :, None], value, layer.index)
+                out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
+            else:
+                span, places, _ = covering
+                keys, values = batch.update_covering(key[:, :, None], value, layer.index, span)
+                queries = query.new_zeros((keys.shape[0], *query.shape[1:])).index_copy_(0, places, query)
+                out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=layer.scaling)
+                out = out.index_select(0, places)
             hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
             x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
             hidden = hidden + (_moe(layer, x) if layer.moe else layer.mlp.forward(x))

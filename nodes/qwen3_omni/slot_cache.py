@@ -17,7 +17,10 @@ writes the new columns and returns the rows' keys/values up to the longest row) 
 `SlotBatch.mask`, a 4-D additive mask `[B, 1, q, kv_len]` that lets query i of row b see
 columns `0 .. length_b + i` only. So rows of different lengths run in one forward without
 re-packing anything, and each row's result equals its own unbatched forward (to float rounding:
-the padded columns contribute exact zeros after softmax).
+the padded columns contribute exact zeros after softmax). Rows that form one range (`feed` sorts
+them by slot) are read as views; rows close together with gaps can be attended over their
+covering range (`covering()`, `update_covering`: the lean decode forward does); other rows are
+copied out of the buffers (`index_select`).
 
 Capacity and slot count grow on demand (doubling, copying the buffers; capacity never past
 `max_capacity` unless a row needs more); nothing shrinks. Dense rows cost `slots * capacity`
@@ -198,8 +201,41 @@ class SlotBatch:
         """`[B, q]` cache positions of the new tokens (the text row of Qwen3-Omni's position ids)."""
         return self._starts_t[:, None] + torch.arange(self.query_length, device=self.cache.device)[None, :]
 
+    def covering(self) -> tuple[slice, torch.Tensor, torch.Tensor] | None:
+        """For one new token per row on rows that are not one contiguous range but lie close together
+        (the range from the lowest to the highest at most twice as many rows): the range, each
+        row's place in it `[B]`, and the range's mask `[range, 1, 1, kv]` (a row in between sees
+        its column 0 only; its output is thrown away). Attention over the range (`update_covering`)
+        reads the rows in between instead of copying the batch's rows out (`update`'s
+        index_select: a read and a write of every row). None: use `update`."""
+        low, high = min(self.rows), max(self.rows) + 1
+        if self.query_length != 1 or self._contiguous or high - low > 2 * len(self.rows):
+            return None
+        places = self._rows_t - low
+        starts = torch.zeros(high - low, dtype=self._starts_t.dtype, device=self.cache.device)
+        starts.index_copy_(0, places, self._starts_t)
+        hidden = self.cache._column_range[: self.kv_length][None, :] > starts[:, None]  # [range, kv]
+        mask = torch.zeros(hidden.shape, dtype=self.cache.dtype, device=self.cache.device)
+        mask.masked_fill_(hidden, torch.finfo(self.cache.dtype).min)
+        return slice(low, high), places, mask[:, None, None]
+
+    def update_covering(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, rows: slice):
+        """Write the new keys/values (as `update`); return the keys/values of the `rows` range from
+        `covering()`, `[range, kv_heads, kv_len, head_dim]` (views)."""
+        keys, values = self._write(key, value, layer_idx)
+        return keys[rows, :, : self.kv_length], values[rows, :, : self.kv_length]
+
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the new `[B, kv_heads, q, head_dim]` keys/values; return the rows' `[B, kv_heads, kv_len, head_dim]`."""
+        keys, values = self._write(key, value, layer_idx)
+        if self._contiguous:
+            return keys[self._slice, :, : self.kv_length], values[self._slice, :, : self.kv_length]
+        return (
+            keys[:, :, : self.kv_length].index_select(0, self._rows_t),
+            values[:, :, : self.kv_length].index_select(0, self._rows_t),
+        )
+
+    def _write(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
         q = self.query_length
         if q == 1:  # one column per row: one index_copy_ into the flattened buffer (index_put is ~50x slower)
@@ -210,12 +246,7 @@ class SlotBatch:
             for b, (row, start) in enumerate(zip(self.rows, self.starts)):
                 keys[row, :, start : start + q] = key[b]
                 values[row, :, start : start + q] = value[b]
-        if self._contiguous:
-            return keys[self._slice, :, : self.kv_length], values[self._slice, :, : self.kv_length]
-        return (
-            keys[:, :, : self.kv_length].index_select(0, self._rows_t),
-            values[:, :, : self.kv_length].index_select(0, self._rows_t),
-        )
+        return keys, values
 
     def commit(self) -> None:
         with self.cache.lock:

@@ -4,7 +4,8 @@ Each test feeds the same tokens on the same slot-cache state twice, once through
 model (`runner.lean = False`) and once through `LeanDecode`, and compares what comes out: the
 logits of every row and the key/value columns written into every row, on the tiny checkpoint,
 on a larger random profile (`scale=4`: 8 layers, 16 heads), through each of the experts' paths
-for few experts, and on a variant config that takes the other branches (a dense MLP layer, more
+for few experts, for each kind of row set (one range, rows close together with gaps, rows far
+apart, out of slot order), and on a variant config that takes the other branches (a dense MLP layer, more
 experts than the lean paths run, no top-k renormalisation). These tests are the guard of
 lean_decode.py's coupling to transformers: run them after any transformers upgrade.
 """
@@ -19,6 +20,7 @@ import torch
 from nodes.qwen3_omni import lean_decode
 from nodes.qwen3_omni.batched_thinker import Feed, ThinkerRunner
 from nodes.qwen3_omni.checkpoint import build_tiny_checkpoint, tiny_config
+from nodes.qwen3_omni.slot_cache import SlotKVCache
 from nodes.qwen3_omni.thinker_engine import ThinkerSession
 from tests.model.test_batched_thinker import media_turn, text_turn
 
@@ -170,19 +172,56 @@ def variant_thinker(seed: int = 0):
     return thinker
 
 
+def random_rows(runner: ThinkerRunner, lengths: list[int], seed: int = 0) -> list[int]:
+    """Rows of the given lengths holding random keys/values; their slots, in order."""
+    generator = torch.Generator().manual_seed(seed)
+    slots = [runner.cache.acquire() for _ in lengths]
+    for slot, length in zip(slots, lengths):
+        for keys, values in zip(runner.cache.keys, runner.cache.values):
+            keys[slot, :, :length] = torch.randn(keys[slot, :, :length].shape, generator=generator)
+            values[slot, :, :length] = torch.randn(values[slot, :, :length].shape, generator=generator)
+        runner.cache.lengths[slot] = length
+    return slots
+
+
+# Row sets of one forward: contiguous, out of slot order, close together with gaps (attention over
+# their covering range), far apart (rows copied out), all.
+ROW_SETS = ([1], [1, 2, 3], [5, 2, 3], [0, 2, 3, 6], [0, 7], [7, 6, 5, 4, 3, 2, 1, 0])
+
+
+def test_lean_decode_equals_the_hf_forward_for_every_kind_of_row_set(omni):
+    runner = ThinkerRunner(omni, slots=8, capacity=64)  # its own rows, not the shared runner's
+    slots = random_rows(runner, [1, 9, 30, 17, 5, 44, 12, 3])
+    cache = runner.cache
+    kinds = {"contiguous": 0, "covering": 0, "copied": 0}
+    for rows in ROW_SETS:
+        batch = cache.batch(sorted(slots[i] for i in rows), 1)
+        kinds["contiguous" if batch._contiguous else "covering" if batch.covering() else "copied"] += 1
+        requests = [Feed(slots[i], 40 + i, cache.length(slots[i]) + 2 * i) for i in rows]
+        assert_same(feed_both_ways(runner, requests))
+    assert all(kinds.values()), kinds
+
+
+def test_a_batch_of_rows_close_together_attends_over_their_covering_range():
+    cache = SlotKVCache(layers=1, kv_heads=2, head_dim=4, dtype=torch.float32, device="cpu", slots=8, capacity=16)
+    for slot, length in zip([cache.acquire() for _ in range(8)], (3, 5, 2, 6, 1, 1, 1, 4)):
+        cache.lengths[slot] = length
+    assert cache.batch([1, 2, 3], 1).covering() is None  # one range: read as a view
+    assert cache.batch([0, 7], 1).covering() is None  # far apart: copied out
+    span, places, mask = cache.batch([3, 0, 2], 1).covering()
+    assert span == slice(0, 4) and places.tolist() == [3, 0, 2]
+    assert mask.shape == (4, 1, 1, 7)  # up to the longest row's new column
+    seen = (mask[:, 0, 0] == 0).sum(dim=-1).tolist()
+    assert seen == [4, 1, 3, 7]  # each row its columns and the new one; row 1 (not in the batch) column 0
+
+
 def test_lean_decode_equals_the_hf_forward_with_a_dense_layer_and_many_experts():
     thinker = variant_thinker()
     layers = thinker.model.language_model.layers
     assert type(layers[0].mlp).__name__ == "Qwen3OmniMoeThinkerTextMLP" and layers[1].mlp.gate.top_k == 4
     runner = ThinkerRunner(SimpleNamespace(thinker=thinker, device=torch.device("cpu")), slots=4, capacity=64)
     assert runner.lean_decode.why_not is None
-    generator = torch.Generator().manual_seed(0)
-    slots = [runner.cache.acquire() for _ in range(4)]
-    for slot, length in zip(slots, (1, 9, 30, 17)):  # rows of different lengths, random keys/values
-        for keys, values in zip(runner.cache.keys, runner.cache.values):
-            keys[slot, :, :length] = torch.randn(keys[slot, :, :length].shape, generator=generator)
-            values[slot, :, :length] = torch.randn(values[slot, :, :length].shape, generator=generator)
-        runner.cache.lengths[slot] = length
-    for rows in (slots[:1], slots):
+    slots = random_rows(runner, [1, 9, 30, 17])
+    for rows in (slots[:1], slots, slots[::2]):
         requests = [Feed(slot, 40 + slot, runner.cache.length(slot) + 3 * slot) for slot in rows]
         assert_same(feed_both_ways(runner, requests))
