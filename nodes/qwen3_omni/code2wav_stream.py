@@ -132,7 +132,9 @@ class _CausalConv:
     def __call__(self, x: torch.Tensor, state: list[Any]) -> torch.Tensor:
         if self.context:
             x = torch.cat((state[self.slot], x), dim=-1)
-            state[self.slot] = x[..., x.shape[-1] - self.context :]
+            # A copy, not a view: a view would keep this call's whole input buffer alive with the
+            # stream (tens of MB per stream on the stock model's wide convs).
+            state[self.slot] = x[..., x.shape[-1] - self.context :].clone()
         if self.matrix is None and self.taps is None:
             return F.conv1d(x, self.weight, self.bias, dilation=self.dilation, groups=self.groups)
         batch, channels, length = x.shape
@@ -196,7 +198,7 @@ class _TransposedConv:
             if previous is not None:
                 x = torch.cat((previous, x), dim=-1)
             if x.shape[-1]:
-                state[self.slot] = x[..., -1:]
+                state[self.slot] = x[..., -1:].clone()  # not a view of the whole input (see _CausalConv)
         batch, channels, frames = x.shape
         if self.matrix is None:
             y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.stride)
