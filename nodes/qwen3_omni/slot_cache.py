@@ -43,6 +43,7 @@ Thread safety: `lock` (re-entrant) must be held around a forward and around any 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
@@ -187,15 +188,19 @@ class SlotBatch:
         self._columns = ((self._rows_t[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
                          + self._starts_t[:, None]).reshape(-1)
         self._slice = slice(first, first + len(rows))
-        # Query i of row b sees columns 0 .. start_b + i.
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """`[B, 1, q, kv]` additive mask: query i of row b sees columns 0 .. start_b + i."""
+        cache, device = self.cache, self.cache.device
         columns = cache._column_range[: self.kv_length]
-        if query_length == 1:
+        if self.query_length == 1:
             hidden = columns[None, None, :] > self._starts_t[:, None, None]  # [B, 1, kv]
         else:
-            last_seen = self._starts_t[:, None] + torch.arange(query_length, device=device)[None, :]  # [B, q]
+            last_seen = self._starts_t[:, None] + torch.arange(self.query_length, device=device)[None, :]  # [B, q]
             hidden = columns[None, None, :] > last_seen[:, :, None]  # [B, q, kv]
         mask = torch.zeros(hidden.shape, dtype=cache.dtype, device=device)
-        self.mask = mask.masked_fill_(hidden, torch.finfo(cache.dtype).min)[:, None]  # [B, 1, q, kv]
+        return mask.masked_fill_(hidden, torch.finfo(cache.dtype).min)[:, None]
 
     def text_positions(self) -> torch.Tensor:
         """`[B, q]` cache positions of the new tokens (the text row of Qwen3-Omni's position ids)."""
