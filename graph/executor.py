@@ -31,6 +31,14 @@ default to `current_priority` and `current_due`, which the runtime sets for each
 node gets all this without naming either. Work whose caller was cancelled before it started is
 skipped.
 
+Release times: a task may also have a `current_release` clock: its work is not started before
+then. The runtime gives one to live sessions' reply-side nodes (`PlaybackClock.release`: the due
+time minus the profile's `compute: {lookahead_ms}`, once the reply plays), so a reply is made at
+most that far ahead of its listener instead of all at once: the worker is then free more often
+when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
+TTFA p95 ~95 -> ~42 ms, docs/batching.md). A batcher runs once its most urgent released item
+is; its batch takes the queued items as always (rows ride along in the same forward).
+
 Batch formation: with `linger_s` > 0, a batcher holding fewer items than its last batch is not
 ready until its oldest item has waited `linger_s` (sessions that got a step's result usually
 resubmit at once; without the wait the first one back starts a batch of one). Meanwhile the
@@ -57,6 +65,9 @@ current_priority: contextvars.ContextVar[int] = contextvars.ContextVar(
     "graph_compute_priority", default=PRIORITY_REALTIME)
 # When compute submitted from the current task is due (time.monotonic()); None: when submitted.
 current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar("graph_compute_due", default=None)
+# Before when compute submitted from the current task must not start; None: at once.
+current_release: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
+    "graph_compute_release", default=None)
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -141,6 +152,8 @@ class ComputePool:
         with self._ready:
             if self._closed:
                 raise RuntimeError(closed_message)
+            release = current_release.get()
+            pending.release = -math.inf if release is None else release()
             heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
 
@@ -151,11 +164,15 @@ class ComputePool:
                 now = time.monotonic()
                 best: tuple[int, float, int] | None = None
                 chosen: Batcher[Any, Any] | None = None
-                wake_at = math.inf
-                if (head := _live_head(self._calls)) is not None:
+                head, call, wake_at = _released_head(self._calls, now)
+                if head is not None:
                     best = head
                 for batcher in self._batchers:
-                    if batcher._running or (head := _live_head(batcher._queue)) is None:
+                    if batcher._running:
+                        continue
+                    head, _, released_at = _released_head(batcher._queue, now)
+                    wake_at = min(wake_at, released_at)
+                    if head is None:
                         continue
                     ready_at = batcher._ready_at()
                     if ready_at > now:
@@ -165,10 +182,15 @@ class ComputePool:
                 if best is None:
                     self._ready.wait(None if wake_at == math.inf else wake_at - now)
                 elif chosen is None:
-                    return None, [heapq.heappop(self._calls)[-1]]
+                    assert call is not None
+                    if call == 0:
+                        return None, [heapq.heappop(self._calls)[-1]]
+                    entry = self._calls.pop(call)
+                    heapq.heapify(self._calls)
+                    return None, [entry[-1]]
                 else:
                     chosen._running = True
-                    return chosen, chosen._take()
+                    return chosen, chosen._take(now)
             return None
 
     def _work(self) -> None:
@@ -186,12 +208,27 @@ class ComputePool:
             del work, batcher, batch
 
 
-def _live_head(queue: list[_Entry]) -> tuple[int, float, int] | None:
-    """(priority, due, arrival) of the queue's most urgent item whose caller still waits; drops
-    the cancelled ones in front of it."""
+def _released_head(queue: list[_Entry], now: float) -> tuple[tuple[int, float, int] | None, int | None, float]:
+    """(priority, due, arrival) of the queue's most urgent item that is released and whose caller
+    still waits, its index in the queue, and when the next held-back item is released (inf: none).
+    Drops the cancelled items in front of it."""
     while queue and queue[0][-1].future.done():
         heapq.heappop(queue)
-    return queue[0][:3] if queue else None
+    if not queue:
+        return None, None, math.inf
+    if queue[0][-1].release <= now:  # the common case: nothing held back in front
+        return queue[0][:3], 0, math.inf
+    best: tuple[int, float, int] | None = None
+    index: int | None = None
+    wake_at = math.inf
+    for i, entry in enumerate(queue):
+        if entry[-1].future.done():
+            continue
+        if entry[-1].release > now:
+            wake_at = min(wake_at, entry[-1].release)
+        elif best is None or entry[:3] < best:
+            best, index = entry[:3], i
+    return best, index, wake_at
 
 
 def _call(pending: _Pending) -> None:
@@ -213,13 +250,14 @@ def _deliver(pending: _Pending, result: Any) -> None:
 
 
 class _Pending:
-    __slots__ = ("item", "future", "loop", "queued_at")
+    __slots__ = ("item", "future", "loop", "queued_at", "release")
 
     def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
         self.item = item
         self.future = future
         self.loop = loop
         self.queued_at = time.monotonic()
+        self.release = -math.inf
 
 
 class Batcher(Generic[Item, Result]):
@@ -261,14 +299,16 @@ class Batcher(Generic[Item, Result]):
             return 0.0
         return min(entry[-1].queued_at for entry in self._queue) + self._linger_s
 
-    def _take(self) -> list[_Pending]:
-        batch: list[_Pending] = []
-        while self._queue and len(batch) < self._max_batch:
-            pending = heapq.heappop(self._queue)[-1]
-            if not pending.future.done():  # cancelled callers drop out here
-                batch.append(pending)
-        self._last_batch = len(batch)
-        return batch
+    def _take(self, now: float) -> list[_Pending]:
+        """Up to `max_batch` items, most urgent first: the released ones, then held-back ones
+        riding along in the same call while there is room."""
+        live = [entry for entry in self._queue if not entry[-1].future.done()]  # cancelled callers drop out
+        live.sort(key=lambda entry: (entry[-1].release > now, entry[:3]))
+        taken, rest = live[: self._max_batch], live[self._max_batch :]
+        heapq.heapify(rest)
+        self._queue = rest
+        self._last_batch = len(taken)
+        return [entry[-1] for entry in taken]
 
     # ------------------------------------------------------------------ worker side
 

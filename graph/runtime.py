@@ -136,6 +136,8 @@ class GraphRuntime:
             self.limits.output_capacity,
             self.metrics,
             on_closed=self._forget,
+            # Live listeners play in real time; a speech request is a download: never held back.
+            lookahead_s=self.spec.compute_lookahead_s if kind == "realtime" else None,
         )
         # Registered before any await so a concurrent open sees the slot as taken.
         self.sessions[session_id] = session

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority, current_release
 from graph.messages import AudioChunk, AudioOut, Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
@@ -41,11 +42,14 @@ class PlaybackClock:
     A listener starts playing at the reply's first audio and plays in real time, so it runs dry
     at first audio + seconds sent; the next chunk is due `margin_s` before that (it takes a few
     stage hops to make). Before its first audio, a reply's work is due when the reply was asked
-    for, at every stage: the oldest waiting turn gets its first audio first.
+    for, at every stage: the oldest waiting turn gets its first audio first. With `lookahead_s`
+    (live sessions; profile `compute: {lookahead_ms}`), work is released `lookahead_s` before it
+    is due, so the listener is never more than margin + lookahead ahead.
     """
 
-    def __init__(self, margin_s: float = 0.2):
+    def __init__(self, margin_s: float = 0.2, lookahead_s: float | None = None):
         self.margin_s = margin_s
+        self.lookahead_s = lookahead_s
         self._requested_at: float | None = None
         self._started_at: float | None = None
         self._seconds = 0.0
@@ -69,6 +73,14 @@ class PlaybackClock:
         if self._requested_at is not None:
             return self._requested_at
         return time.monotonic()
+
+    def release(self) -> float:
+        """Before when reply work must not start: `lookahead_s` before it is due once the reply
+        plays (it is made at most that far ahead of the listener); before its first audio, or
+        without a lookahead, at once."""
+        if self._started_at is None or self.lookahead_s is None:
+            return -math.inf
+        return self.due() - self.lookahead_s
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,7 @@ class GraphSession:
         output_capacity: int,
         metrics: GraphMetrics,
         on_closed: Callable[[GraphSession], None] = lambda session: None,
+        lookahead_s: float | None = None,
     ):
         self.info = info
         self.id = info.session_id
@@ -125,7 +138,7 @@ class GraphSession:
         self.turns = 0
         self._replies_done = asyncio.Event()
         self._replies_done.set()
-        self.playback = PlaybackClock()
+        self.playback = PlaybackClock(lookahead_s=lookahead_s)
 
     @property
     def failed(self) -> bool:
@@ -230,6 +243,7 @@ class GraphSession:
         current_priority.set(PRIORITY_SPEECH if self.kind == "speech" else PRIORITY_REALTIME)
         if self._nodes[name].follows_playback:
             current_due.set(self.playback.due)
+            current_release.set(self.playback.release)
         inbox = self._inboxes[name]
         node_session = self._node_sessions[name]
         emit = self._emitter(name)

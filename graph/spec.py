@@ -13,7 +13,7 @@ Layout of a profile:
     inputs: {audio: vad.audio}                       # where transports send messages in
     outputs: [dialog.events, thinker.text]           # what transports receive
     limits: {max_sessions: 8}
-    compute: {threads: 1}                            # compute pool workers (graph/executor.py)
+    compute: {threads: 1, lookahead_ms: 500}         # compute pool workers; how far ahead of its listener a live reply is made
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -79,6 +79,9 @@ class GraphSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     # `compute: {threads: N}`: the compute pool's worker threads (graph/executor.py says why 1).
     compute_threads: int = 1
+    # `compute: {lookahead_ms: N}`: how far ahead of its listener a live reply is made (graph/
+    # session.py PlaybackClock); null: as fast as the worker can (work-conserving).
+    compute_lookahead_s: float | None = 0.5
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -132,15 +135,19 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
         raise GraphConfigError("limits", str(exc)) from None
 
     compute = _mapping(profile.get("compute", {}), "compute")
-    unknown = sorted(set(compute) - {"threads"})
+    unknown = sorted(set(compute) - {"threads", "lookahead_ms"})
     if unknown:
-        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads)")
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms)")
     threads = compute.get("threads", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
+    lookahead_ms = compute.get("lookahead_ms", 500)
+    if lookahead_ms is not None and (not isinstance(lookahead_ms, (int, float)) or isinstance(lookahead_ms, bool) or lookahead_ms < 0):
+        raise GraphConfigError("compute.lookahead_ms", "must be a number of milliseconds >= 0, or null")
 
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
-    return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads)
+    return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads,
+                     None if lookahead_ms is None else lookahead_ms / 1000.0)
 
 
 def validate_spec(spec: GraphSpec) -> None:

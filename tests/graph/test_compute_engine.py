@@ -5,6 +5,7 @@ its session's playback clock, and `compute.threads` comes from the profile."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -13,7 +14,7 @@ import pytest
 
 from graph.spec import GraphConfigError, parse_spec
 from tests.graph.fakes import occupy, wait_queued
-from graph.executor import PRIORITY_SPEECH, ComputePool, current_due
+from graph.executor import PRIORITY_SPEECH, ComputePool, current_due, current_release
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
@@ -167,6 +168,52 @@ async def test_shutdown_fails_queued_batcher_items_and_later_submits():
         await steps.submit("later")
 
 
+async def test_work_held_back_until_its_release_lets_later_work_run_first():
+    pool = ComputePool(threads=1)
+    order: list[str] = []
+    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    try:
+        async def ahead_of_playback(name: str, release_in: float):
+            release_at = time.monotonic() + release_in
+            current_release.set(lambda: release_at)
+            current_due.set(lambda: 0.0)  # the most urgent by due time: only its release holds it back
+            await steps.submit(name)
+            return time.monotonic() - release_at
+
+        held_call = asyncio.ensure_future(_release_call(pool, order, 0.3))
+        held = asyncio.ensure_future(ahead_of_playback("reply ahead of its listener", 0.3))
+        await wait_queued(steps.queue_depth, 1)
+        await wait_queued(pool.queue_depth, 1)
+        async with asyncio.timeout(0.25):  # the worker is free for work that came later
+            await steps.submit("new turn")
+            await pool.run(order.append, "new call")
+        assert order == ["new turn", "new call"]
+        late_by = await held
+        assert late_by >= 0  # not started before its release
+        await held_call
+        assert sorted(order[2:]) == ["held call", "reply ahead of its listener"]
+    finally:
+        pool.shutdown()
+
+
+async def _release_call(pool: ComputePool, order: list[str], release_in: float) -> None:
+    release_at = time.monotonic() + release_in
+    current_release.set(lambda: release_at)
+    await pool.run(order.append, "held call", due=0.0)
+
+
+def test_playback_clock_releases_reply_work_lookahead_before_it_is_due(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("graph.session.time.monotonic", lambda: now[0])
+    clock = PlaybackClock(margin_s=0.2, lookahead_s=0.5)
+    clock.reply_requested()
+    assert clock.release() == -math.inf  # before the first audio: at once
+    clock.audio_sent(2.0)  # first audio at 100.0: the listener runs dry at 102.0
+    assert clock.due() == pytest.approx(101.8)
+    assert clock.release() == pytest.approx(101.3)
+    assert PlaybackClock(margin_s=0.2).release() == -math.inf  # no lookahead: never held back
+
+
 def test_playback_clock_says_when_reply_work_is_due(monkeypatch):
     now = [100.0]
     monkeypatch.setattr("graph.session.time.monotonic", lambda: now[0])
@@ -229,6 +276,11 @@ async def test_reply_side_nodes_compute_by_their_sessions_playback_clock():
         # Before the first audio: due when the reply was asked for; after one second of audio was
         # sent: due (that second - the margin) after the first audio, i.e. later.
         assert after_audio - before_audio >= 1.0 - session.playback.margin_s
+        # A live listener's reply is made at most the profile's lookahead ahead (default 500 ms);
+        # a speech request is a download, never held back.
+        speech = await runtime.open_session("download", kind="speech")
+        assert (session.playback.lookahead_s, speech.playback.lookahead_s) == (0.5, None)
+        await speech.close()
         await session.close()
     finally:
         await runtime.stop(0)
@@ -236,10 +288,13 @@ async def test_reply_side_nodes_compute_by_their_sessions_playback_clock():
     assert not any(worker.is_alive() for worker in runtime.compute._workers)
 
 
-def test_compute_threads_come_from_the_profile_and_are_validated():
+def test_compute_threads_and_lookahead_come_from_the_profile_and_are_validated():
     base = {"model_id": "m", "nodes": {"n": {"type": "x"}}}
-    assert parse_spec(base).compute_threads == 1
+    assert (parse_spec(base).compute_threads, parse_spec(base).compute_lookahead_s) == (1, 0.5)
     assert parse_spec(base | {"compute": {"threads": 3}}).compute_threads == 3
-    for bad, key in (({"threads": 0}, "compute.threads"), ({"threads": "2"}, "compute.threads"), ({"workers": 2}, "compute.workers")):
+    assert parse_spec(base | {"compute": {"lookahead_ms": 150}}).compute_lookahead_s == 0.15
+    assert parse_spec(base | {"compute": {"lookahead_ms": None}}).compute_lookahead_s is None
+    for bad, key in (({"threads": 0}, "compute.threads"), ({"threads": "2"}, "compute.threads"), ({"workers": 2}, "compute.workers"),
+                     ({"lookahead_ms": -1}, "compute.lookahead_ms"), ({"lookahead_ms": "soon"}, "compute.lookahead_ms")):
         with pytest.raises(GraphConfigError, match=key.replace(".", r"\.")):
             parse_spec(base | {"compute": bad})
