@@ -41,8 +41,10 @@ class PlaybackClock:
 
     A listener starts playing at the reply's first audio and plays in real time, so it runs dry
     at first audio + seconds sent; the next chunk is due `margin_s` before that (it takes a few
-    stage hops to make). Before its first audio, a reply's work is due when the reply was asked
-    for, at every stage: the oldest waiting turn gets its first audio first. With `lookahead_s`
+    stage hops to make). Before its first audio the listener is already waiting, as if it ran dry
+    when the reply was asked for: the reply's work is due `margin_s` before that, at every stage.
+    So the oldest waiting turn gets its first audio first, and a turn that just arrived goes
+    before a reply that has started playing and still has audio buffered. With `lookahead_s`
     (live sessions; profile `compute: {lookahead_ms}`), work is released `lookahead_s` before it
     is due, so the listener is never more than margin + lookahead ahead.
     """
@@ -71,7 +73,7 @@ class PlaybackClock:
         if self._started_at is not None:
             return self._started_at + self._seconds - self.margin_s
         if self._requested_at is not None:
-            return self._requested_at
+            return self._requested_at - self.margin_s
         return time.monotonic()
 
     def release(self) -> float:
