@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--stagger", type=float, default=1.0, help="realtime: sessions start at seeded offsets within this many seconds")
     load.add_argument("--spread-sessions", type=_ints, help="realtime: levels run again with start offsets spread over --spread seconds (default 16 when --sessions is not given; quick none)")
     load.add_argument("--spread", type=float, default=6.0, help="realtime: the spread levels' start window, about one turn cycle of the default load (default 6 s)")
+    load.add_argument("--spread-turns", type=int, default=4, help="realtime: turns per session in the spread levels (default 4: enough turns for a steady p95)")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
     load.add_argument("--webrtc-sessions", type=_ints, help="webrtc: concurrent calls per level (default 1,2; quick 1)")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "scenarios": scenarios,
             "webrtc": {"sessions": list(args.webrtc_sessions or ((1,) if quick else (1, 2)))},
-            "realtime": {"sessions": list(sessions), "spread_sessions": list(spread_sessions), "spread_s": args.spread,
+            "realtime": {"sessions": list(sessions), "spread_sessions": list(spread_sessions), "spread_s": args.spread, "spread_turns": args.spread_turns,
                          **{k: getattr(realtime_settings, k) for k in ("turns", "stagger_s", "turn_timeout_s", "max_output_tokens")}},
             "speech": {"concurrency": list(speech_settings.concurrency), "level_budget_s": speech_settings.level_budget_s, "batch_items": speech_settings.batch_items},
         },
@@ -190,7 +191,7 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
         if "realtime" in scenarios:
             levels = []
-            spread_settings = dataclasses.replace(realtime_settings, stagger_s=args.spread)
+            spread_settings = dataclasses.replace(realtime_settings, stagger_s=args.spread, turns=args.spread_turns)
             plan = [(count, "together", realtime_settings) for count in sessions]
             plan += [(count, "spread", spread_settings) for count in spread_sessions]
             for count, arrivals, settings in plan:
