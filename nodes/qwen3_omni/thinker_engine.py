@@ -137,6 +137,10 @@ class _Reply:
     token_ids: list[int] = field(default_factory=list)
     fed: int = 0  # reply tokens already in the cache
     text: str = ""
+    # Incremental detokenizing: token_ids[prefix:read] were decoded already; decoding from
+    # `prefix` (a few tokens back) keeps the tokenizer's spacing context.
+    prefix: int = 0
+    read: int = 0
     finish_reason: str | None = None
     limit: int = 0
     limit_reason: str = "length"
@@ -443,12 +447,18 @@ class ThinkerSession:
         return self.omni.tokenizer.decode(token_ids, clean_up_tokenization_spaces=False)
 
     def _new_text(self, reply: _Reply) -> str:
-        """The text the reply gained with its last token; holds back an incomplete UTF-8 sequence."""
-        full = self._decode(reply.token_ids)
-        if full.endswith("\ufffd"):
+        """The text the reply gained with its last token; holds back an incomplete UTF-8 sequence.
+
+        Decodes only the tokens since the last text it gave out, plus the few before them (the
+        way vLLM detokenizes), not the whole reply each step."""
+        ids = reply.token_ids
+        known = self._decode(ids[reply.prefix : reply.read])
+        grown = self._decode(ids[reply.prefix :])
+        if len(grown) <= len(known) or grown.endswith("\ufffd") or not grown.startswith(known):
             return ""
-        piece = full[len(reply.text) :] if full.startswith(reply.text) else ""
-        reply.text = full
+        piece = grown[len(known) :]
+        reply.prefix, reply.read = reply.read, len(ids)
+        reply.text += piece
         return piece
 
     def _flush_text(self, reply: _Reply) -> str:

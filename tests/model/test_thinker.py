@@ -276,3 +276,26 @@ def test_a_character_split_over_two_tokens_is_streamed_once_whole(omni):
         reply.token_ids.append(token)
         pieces.append(session._new_text(reply))
     assert pieces == ["h", "", "é", "!"]
+
+
+def test_streamed_text_decodes_only_the_newest_tokens_and_adds_up_to_the_whole_reply(omni):
+    from nodes.qwen3_omni.thinker_engine import _Reply
+
+    session = ThinkerSession(omni)
+    decoded_lengths: list[int] = []
+    decode = session._decode
+
+    def counting(ids):
+        decoded_lengths.append(len(ids))
+        return decode(ids)
+
+    session._decode = counting
+    text = "Hello there, how are you? Grüße, señor — ça va? " * 6
+    reply = _Reply(start=0)
+    streamed = ""
+    for token in omni.tokenizer(text, add_special_tokens=False).input_ids:
+        reply.token_ids.append(token)
+        streamed += session._new_text(reply)
+    assert len(reply.token_ids) > 100
+    assert streamed == reply.text == decode(reply.token_ids) == text
+    assert max(decoded_lengths) <= 4  # a window behind the newest token, not the whole reply
