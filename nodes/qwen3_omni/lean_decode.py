@@ -61,8 +61,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules import module as torch_module
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3_omni
+
+from nodes.qwen3_omni.lean_layers import global_hooks, hooked
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.slot_cache import SlotBatch
@@ -75,15 +76,6 @@ DENSE_EXPERTS = 8
 PAIR_COST_BYTES = 150_000
 
 _NORMS = (qwen3_omni.Qwen3OmniMoeThinkerTextRMSNorm, qwen3_omni.Qwen3OmniMoeTextRMSNorm)
-
-
-def _hooked(module: torch.nn.Module) -> bool:
-    """Forward hooks, or accelerate's (device placement / offload wraps `forward`)."""
-    return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
-        or module._forward_pre_hooks_with_kwargs or module.__dict__.get("_hf_hook") is not None
-        or "forward" in module.__dict__
-    )
 
 
 class _Layer:
@@ -148,9 +140,9 @@ def unsupported(language_model: torch.nn.Module) -> str | None:
             return "different epsilons in one layer's norms"
     if type(language_model.norm) not in _NORMS:
         return "final norm class"
-    hooked = [name for name, module in language_model.named_modules() if name and _hooked(module)]
-    if hooked:
-        return f"hooks on {hooked[0]}"
+    with_hooks = [name for name, module in language_model.named_modules() if name and hooked(module)]
+    if with_hooks:
+        return f"hooks on {with_hooks[0]}"
     return None
 
 
@@ -163,7 +155,7 @@ class LeanDecode:
         self.embed = thinker.get_input_embeddings()
         self.lm_head = thinker.lm_head
         self.why_not = unsupported(self.model)
-        if self.why_not is None and (_hooked(self.embed) or _hooked(self.lm_head)):
+        if self.why_not is None and (hooked(self.embed) or hooked(self.lm_head)):
             self.why_not = "hooks on the embeddings or lm_head"
         if self.why_not is not None:
             return
@@ -179,8 +171,8 @@ class LeanDecode:
     def usable(self) -> bool:
         """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
         return (
-            self.why_not is None and not self.model.training and not _hooked(self.model) and not _hooked(self.thinker)
-            and not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
+            self.why_not is None and not self.model.training and not hooked(self.model) and not hooked(self.thinker)
+            and not global_hooks()
         )
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

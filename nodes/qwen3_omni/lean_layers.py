@@ -39,15 +39,18 @@ _MIRRORED = {
 KVUpdate = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _hooked(module: torch.nn.Module) -> bool:
-    """Forward hooks, or accelerate's (device placement / offload wraps `forward`)."""
+def hooked(module: torch.nn.Module) -> bool:
+    """Forward hooks, accelerate's (device placement / offload wraps `forward`), or a `forward`
+    replaced on the instance: a lean path would skip what they do."""
     return bool(
         module._forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
         or module._forward_pre_hooks_with_kwargs or module.__dict__.get("_hf_hook") is not None
+        or "forward" in module.__dict__
     )
 
 
-def _global_hooks() -> bool:
+def global_hooks() -> bool:
+    """Forward hooks registered for every module."""
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
@@ -61,11 +64,11 @@ class LeanStack:
         self._supported = all(
             _MIRRORED.get(type(layer)) is type(layer.self_attn) and layer.self_attn.sliding_window is None
             for layer in self.layers
-        ) and not any(_hooked(m) for m in model.modules())
+        ) and not any(hooked(m) for m in model.modules())
 
     def usable(self) -> bool:
         """Whether `run_layer` gives what the HF forward gives now (checked per call: cheap)."""
-        return self._supported and not self.model.training and not _hooked(self.model) and not _global_hooks()
+        return self._supported and not self.model.training and not hooked(self.model) and not global_hooks()
 
     def attention(self) -> Callable[..., Any]:
         return ALL_ATTENTION_FUNCTIONS.get_interface(
