@@ -36,7 +36,7 @@ then. The runtime gives one to live sessions' reply-side nodes (`PlaybackClock.r
 time minus the profile's `compute: {lookahead_ms}`, once the reply plays), so a reply is made at
 most that far ahead of its listener instead of all at once: the worker is then free more often
 when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
-TTFA p95 ~95 -> ~42 ms, docs/batching.md). A batcher runs once its most urgent released item
+TTFA p95 63-76 -> 37-39 ms, docs/batching.md). A batcher runs once its most urgent released item
 is; its batch takes the queued items as always (rows ride along in the same forward).
 
 Batch formation: with `linger_s` > 0, a batcher holding fewer items than its last batch is not
