@@ -32,7 +32,8 @@ node gets all this without naming either. Work whose caller was cancelled before
 skipped.
 
 Release times: a task may also have a `current_release` clock: its work is not started before
-then. The runtime gives one to live sessions' reply-side nodes (`PlaybackClock.release`: the due
+then (the clock is read again whenever the worker looks, so a reply that is interrupted releases
+its held work at once: the step runs and sees the interrupt). The runtime gives one to live sessions' reply-side nodes (`PlaybackClock.release`: the due
 time minus the profile's `compute: {lookahead_ms}`, once the reply plays), so a reply is made at
 most that far ahead of its listener instead of all at once: the worker is then free more often
 when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
@@ -152,8 +153,7 @@ class ComputePool:
         with self._ready:
             if self._closed:
                 raise RuntimeError(closed_message)
-            release = current_release.get()
-            pending.release = -math.inf if release is None else release()
+            pending.release = current_release.get()
             heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
 
@@ -208,15 +208,26 @@ class ComputePool:
             del work, batcher, batch
 
 
+# While work is held back, the worker looks again at least this often: a release clock can move
+# earlier without telling the pool (an interrupt ends the reply, and its held work must run now
+# to see that).
+_HELD_RECHECK_S = 0.02
+
+
+def _release_at(pending: _Pending) -> float:
+    """When the work may start; read from its task's clock each time (the clock can move)."""
+    return -math.inf if pending.release is None else pending.release()
+
+
 def _released_head(queue: list[_Entry], now: float) -> tuple[tuple[int, float, int] | None, int | None, float]:
     """(priority, due, arrival) of the queue's most urgent item that is released and whose caller
-    still waits, its index in the queue, and when the next held-back item is released (inf: none).
-    Drops the cancelled items in front of it."""
+    still waits, its index in the queue, and when to look again for held-back items (inf: none
+    held). Drops the cancelled items in front of it."""
     while queue and queue[0][-1].future.done():
         heapq.heappop(queue)
     if not queue:
         return None, None, math.inf
-    if queue[0][-1].release <= now:  # the common case: nothing held back in front
+    if _release_at(queue[0][-1]) <= now:  # the common case: nothing held back in front
         return queue[0][:3], 0, math.inf
     best: tuple[int, float, int] | None = None
     index: int | None = None
@@ -224,8 +235,9 @@ def _released_head(queue: list[_Entry], now: float) -> tuple[tuple[int, float, i
     for i, entry in enumerate(queue):
         if entry[-1].future.done():
             continue
-        if entry[-1].release > now:
-            wake_at = min(wake_at, entry[-1].release)
+        release = _release_at(entry[-1])
+        if release > now:
+            wake_at = min(wake_at, release, now + _HELD_RECHECK_S)
         elif best is None or entry[:3] < best:
             best, index = entry[:3], i
     return best, index, wake_at
@@ -257,7 +269,7 @@ class _Pending:
         self.future = future
         self.loop = loop
         self.queued_at = time.monotonic()
-        self.release = -math.inf
+        self.release: Callable[[], float] | None = None
 
 
 class Batcher(Generic[Item, Result]):
@@ -303,7 +315,7 @@ class Batcher(Generic[Item, Result]):
         """Up to `max_batch` items, most urgent first: the released ones, then held-back ones
         riding along in the same call while there is room."""
         live = [entry for entry in self._queue if not entry[-1].future.done()]  # cancelled callers drop out
-        live.sort(key=lambda entry: (entry[-1].release > now, entry[:3]))
+        live.sort(key=lambda entry: (_release_at(entry[-1]) > now, entry[:3]))
         taken, rest = live[: self._max_batch], live[self._max_batch :]
         heapq.heapify(rest)
         self._queue = rest

@@ -196,6 +196,26 @@ async def test_work_held_back_until_its_release_lets_later_work_run_first():
         pool.shutdown()
 
 
+async def test_held_work_starts_as_soon_as_its_release_clock_moves_earlier():
+    pool = ComputePool(threads=1)
+    steps = pool.batcher("steps", lambda items: items, max_batch=4)
+    release_at = [time.monotonic() + 30.0]  # a reply 30 s ahead of its listener
+    try:
+        async def paced_step():
+            current_release.set(lambda: release_at[0])
+            return await steps.submit("step")
+
+        held = asyncio.ensure_future(paced_step())
+        await wait_queued(steps.queue_depth, 1)
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        release_at[0] = -math.inf  # the reply was interrupted: nothing tells the pool
+        async with asyncio.timeout(2):
+            assert await held == "step"
+    finally:
+        pool.shutdown()
+
+
 async def _release_call(pool: ComputePool, order: list[str], release_in: float) -> None:
     release_at = time.monotonic() + release_in
     current_release.set(lambda: release_at)
