@@ -23,19 +23,20 @@ out of one. Within a priority, earliest due first: work is due when it is submit
 the submitting task has a `current_due` clock: the runtime gives one to reply-side nodes
 (`Node.follows_playback`), which says when the session's listener would run out of reply audio
 (graph/session.py), or the caller names the due time (the VAD: when the window's audio reached
-the server, so a session whose VAD fell behind catches up first instead of one window per
-round of everyone else's work). So a turn waiting for its first audio goes before a reply that is seconds
-ahead of its playback, and that reply becomes urgent again as its lead shrinks; with no reply
-playing, work runs in arrival order across all stages, so no stage starves. `run` and `submit`
+the server, so a session whose VAD fell behind catches up first instead of one window per round
+of everyone else's work). So a turn waiting for its first audio goes before a reply that is
+seconds ahead of its playback, and that reply becomes urgent again as its lead shrinks; with no
+reply playing, work runs in arrival order across all stages, so no stage starves. `run` and `submit`
 default to `current_priority` and `current_due`, which the runtime sets for each node task, so a
 node gets all this without naming either. Work whose caller was cancelled before it started is
 skipped.
 
 Release times: a task may also have a `current_release` clock: its work is not started before
 then (the clock is read again whenever the worker looks, so a reply that is interrupted releases
-its held work at once: the step runs and sees the interrupt). The runtime gives one to live sessions' reply-side nodes (`PlaybackClock.release`: the due
-time minus the profile's `compute: {lookahead_ms}`, once the reply plays), so a reply is made at
-most that far ahead of its listener instead of all at once: the worker is then free more often
+its held work at once: the step runs and sees the interrupt). The runtime gives one to live
+sessions' reply-side nodes (`PlaybackClock.release`: the due time minus the profile's
+`compute: {lookahead_ms}`, once the reply plays), so a reply is made at most that far ahead of
+its listener instead of all at once: the worker is then free more often
 when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
 TTFA p95 63-76 -> 37-39 ms, docs/batching.md). A batcher runs once its most urgent released item
 is; its batch takes the queued items as always (rows ride along in the same forward).
@@ -65,7 +66,8 @@ PRIORITY_SPEECH = 10
 current_priority: contextvars.ContextVar[int] = contextvars.ContextVar(
     "graph_compute_priority", default=PRIORITY_REALTIME)
 # When compute submitted from the current task is due (time.monotonic()); None: when submitted.
-current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar("graph_compute_due", default=None)
+current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
+    "graph_compute_due", default=None)
 # Before when compute submitted from the current task must not start; None: at once.
 current_release: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
     "graph_compute_release", default=None)
@@ -98,7 +100,8 @@ class ComputePool:
         for worker in self._workers:
             worker.start()
 
-    async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None, due: float | None = None) -> Result:
+    async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None,
+                  due: float | None = None) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._enqueue(self._calls, priority, due, _Pending((fn, args), future, loop), "the compute pool is shut down")
@@ -162,11 +165,8 @@ class ComputePool:
         with self._ready:
             while not self._closed:
                 now = time.monotonic()
-                best: tuple[int, float, int] | None = None
                 chosen: Batcher[Any, Any] | None = None
-                head, call, wake_at = _released_head(self._calls, now)
-                if head is not None:
-                    best = head
+                best, call, wake_at = _released_head(self._calls, now)
                 for batcher in self._batchers:
                     if batcher._running:
                         continue
@@ -183,8 +183,6 @@ class ComputePool:
                     self._ready.wait(None if wake_at == math.inf else wake_at - now)
                 elif chosen is None:
                     assert call is not None
-                    if call == 0:
-                        return None, [heapq.heappop(self._calls)[-1]]
                     entry = self._calls.pop(call)
                     heapq.heapify(self._calls)
                     return None, [entry[-1]]
