@@ -37,6 +37,10 @@ class GraphConfigError(ValueError):
         self.key = key
 
 
+DEFAULT_COMPUTE_THREADS = 1
+DEFAULT_LOOKAHEAD_MS = 500
+
+
 @dataclass(frozen=True)
 class Port:
     node: str
@@ -78,10 +82,10 @@ class GraphSpec:
     limits: SessionLimits
     extra: dict[str, Any] = field(default_factory=dict)
     # `compute: {threads: N}`: the compute pool's worker threads (graph/executor.py says why 1).
-    compute_threads: int = 1
+    compute_threads: int = DEFAULT_COMPUTE_THREADS
     # `compute: {lookahead_ms: N}`: how far ahead of its listener a live reply is made (graph/
     # session.py PlaybackClock); null: as fast as the worker can (work-conserving).
-    compute_lookahead_s: float | None = 0.5
+    compute_lookahead_s: float | None = DEFAULT_LOOKAHEAD_MS / 1000.0
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -138,10 +142,10 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     unknown = sorted(set(compute) - {"threads", "lookahead_ms"})
     if unknown:
         raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms)")
-    threads = compute.get("threads", 1)
+    threads = compute.get("threads", DEFAULT_COMPUTE_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
-    lookahead_ms = compute.get("lookahead_ms", 500)
+    lookahead_ms = compute.get("lookahead_ms", DEFAULT_LOOKAHEAD_MS)
     if lookahead_ms is not None and (not isinstance(lookahead_ms, (int, float)) or isinstance(lookahead_ms, bool) or lookahead_ms < 0):
         raise GraphConfigError("compute.lookahead_ms", "must be a number of milliseconds >= 0, or null")
 
