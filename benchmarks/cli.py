@@ -185,7 +185,7 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         context: Any = _Given(handle)
     else:
         log_path = out / f"{args.name}-server.log"
-        needed = [*(sessions if "realtime" in scenarios else ()), *(spread_sessions if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
+        needed = [*((*sessions, *spread_sessions) if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
         context = ManagedServer(args.config, max(needed), log_path, args.api_key)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}

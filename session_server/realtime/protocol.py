@@ -12,7 +12,8 @@ A transport adapter (WebSocket today, a WebRTC data channel next) feeds it what 
 and gets back a list of actions to carry out, in order: `SendEvent` (a server event for the
 client), `SendAudio` (reply audio for a media track, when built with `audio_deltas=False`),
 `SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
-in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an Interrupt/Truncate that overtakes data) and `CloseSession`.
+in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an
+Interrupt/Truncate that overtakes data) and `CloseSession`.
 Nothing here awaits or touches a socket, so both transports share every rule below.
 
 Who decides what:

@@ -14,7 +14,7 @@ import pytest
 
 from graph.spec import GraphConfigError, parse_spec
 from tests.graph.fakes import occupy, wait_queued
-from graph.executor import PRIORITY_SPEECH, ComputePool, current_due, current_release
+from graph.executor import PRIORITY_SPEECH, Batcher, ComputePool, current_due, current_release
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone
 from graph.node import Node, NodeSession
 from graph.registry import register_node
@@ -84,10 +84,15 @@ async def test_a_batcher_never_runs_two_batches_at_once_but_other_batchers_run_b
         pool.shutdown()
 
 
-async def test_work_with_an_earlier_due_time_runs_first():
+def recording_steps() -> tuple[ComputePool, list[str], Batcher]:
+    """A one-worker pool and a batcher (one item per batch) that records the items it runs."""
     pool = ComputePool(threads=1)
     order: list[str] = []
-    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    return pool, order, pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+
+
+async def test_work_with_an_earlier_due_time_runs_first():
+    pool, order, steps = recording_steps()
     gate = threading.Event()
     try:
         blocker = await occupy(pool, gate)
@@ -109,9 +114,7 @@ async def test_work_with_an_earlier_due_time_runs_first():
 
 
 async def test_a_due_time_given_with_the_work_overrides_the_tasks_clock():
-    pool = ComputePool(threads=1)
-    order: list[str] = []
-    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    pool, order, steps = recording_steps()
     gate = threading.Event()
     try:
         blocker = await occupy(pool, gate)
@@ -169,9 +172,7 @@ async def test_shutdown_fails_queued_batcher_items_and_later_submits():
 
 
 async def test_work_held_back_until_its_release_lets_later_work_run_first():
-    pool = ComputePool(threads=1)
-    order: list[str] = []
-    steps = pool.batcher("steps", lambda items: [order.append(item) for item in items], max_batch=1)
+    pool, order, steps = recording_steps()
     try:
         async def ahead_of_playback(name: str, release_in: float):
             release_at = time.monotonic() + release_in
