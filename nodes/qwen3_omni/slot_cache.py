@@ -192,15 +192,15 @@ class SlotBatch:
     @functools.cached_property
     def mask(self) -> torch.Tensor:
         """`[B, 1, q, kv]` additive mask: query i of row b sees columns 0 .. start_b + i."""
-        cache, device = self.cache, self.cache.device
-        columns = cache._column_range[: self.kv_length]
-        if self.query_length == 1:
-            hidden = columns[None, None, :] > self._starts_t[:, None, None]  # [B, 1, kv]
-        else:
-            last_seen = self._starts_t[:, None] + torch.arange(self.query_length, device=device)[None, :]  # [B, q]
-            hidden = columns[None, None, :] > last_seen[:, :, None]  # [B, q, kv]
-        mask = torch.zeros(hidden.shape, dtype=cache.dtype, device=device)
-        return mask.masked_fill_(hidden, torch.finfo(cache.dtype).min)[:, None]
+        last_seen = self._starts_t[:, None] if self.query_length == 1 else self.text_positions()  # [B, q]
+        return self._additive_mask(last_seen)[:, None]
+
+    def _additive_mask(self, last_seen: torch.Tensor) -> torch.Tensor:
+        """`[..., kv]` additive mask (0 or the dtype's min) hiding the columns after `last_seen` `[...]`."""
+        cache = self.cache
+        hidden = cache._column_range[: self.kv_length] > last_seen[..., None]
+        mask = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
+        return mask.masked_fill_(hidden, torch.finfo(cache.dtype).min)
 
     def text_positions(self) -> torch.Tensor:
         """`[B, q]` cache positions of the new tokens (the text row of Qwen3-Omni's position ids)."""
@@ -219,10 +219,7 @@ class SlotBatch:
         places = self._rows_t - low
         starts = torch.zeros(high - low, dtype=self._starts_t.dtype, device=self.cache.device)
         starts.index_copy_(0, places, self._starts_t)
-        hidden = self.cache._column_range[: self.kv_length][None, :] > starts[:, None]  # [range, kv]
-        mask = torch.zeros(hidden.shape, dtype=self.cache.dtype, device=self.cache.device)
-        mask.masked_fill_(hidden, torch.finfo(self.cache.dtype).min)
-        return slice(low, high), places, mask[:, None, None]
+        return slice(low, high), places, self._additive_mask(starts)[:, None, None]
 
     def update_covering(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, rows: slice):
         """Write the new keys/values (as `update`); return the keys/values of the `rows` range from
