@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3_omni
 
-from nodes.qwen3_omni.lean_layers import global_hooks, hooked
+from nodes.qwen3_omni.lean_layers import hooked, runs_as_built
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.slot_cache import SlotBatch
@@ -170,10 +170,7 @@ class LeanDecode:
 
     def usable(self) -> bool:
         """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
-        return (
-            self.why_not is None and not self.model.training and not hooked(self.model) and not hooked(self.thinker)
-            and not global_hooks()
-        )
+        return self.why_not is None and runs_as_built(self.model) and not hooked(self.thinker)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and "signed" sin `[B, 1, head_dim]` for rotary positions `[B]` (see the module docstring)."""

@@ -54,6 +54,12 @@ def global_hooks() -> bool:
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
+def runs_as_built(model: torch.nn.Module) -> bool:
+    """Eval mode, no hook on `model` itself, no global module hook: what a lean path checks per
+    call (hooks on the submodules are checked once, when it is built)."""
+    return not model.training and not hooked(model) and not global_hooks()
+
+
 class LeanStack:
     """A model's decoder layers + final norm, with the check that the lean path applies."""
 
@@ -68,7 +74,7 @@ class LeanStack:
 
     def usable(self) -> bool:
         """Whether `run_layer` gives what the HF forward gives now (checked per call: cheap)."""
-        return self._supported and not self.model.training and not hooked(self.model) and not global_hooks()
+        return self._supported and runs_as_built(self.model)
 
     def attention(self) -> Callable[..., Any]:
         return ALL_ATTENTION_FUNCTIONS.get_interface(
