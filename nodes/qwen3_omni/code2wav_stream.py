@@ -93,7 +93,8 @@ class _Snake:
         self.alpha = torch.exp(module.alpha.detach()).view(-1, 1)
         self.inverse_beta = (1.0 / (torch.exp(module.beta.detach()) + module.no_div_by_zero)).view(-1, 1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, state: list[Any] | None = None) -> torch.Tensor:
+        """`state`: unused (a step of the conv stack too: it carries nothing)."""
         sine = torch.mul(x, self.alpha).sin_()
         return sine.mul_(sine).mul_(self.inverse_beta).add_(x)  # x*x is how pow(x, 2) squares: same bits
 
@@ -251,16 +252,6 @@ class _ResidualUnit:
         return self.conv2(self.act2(self.conv1(self.act1(x), state)), state).add_(x)
 
 
-class _Activation:
-    __slots__ = ("snake",)
-
-    def __init__(self, module: Qwen3OmniMoeSnakeBeta):
-        self.snake = _Snake(module)
-
-    def __call__(self, x: torch.Tensor, state: list[Any]) -> torch.Tensor:
-        return self.snake(x)
-
-
 def _initial_slot(step: Any) -> torch.Tensor | None:
     if isinstance(step, _CausalConv) and step.context:
         return step.initial_context()
@@ -284,7 +275,7 @@ def _streaming_steps(code2wav: Qwen3OmniMoeCode2Wav) -> list[Any]:
     slots = 0
     for module in modules:
         if isinstance(module, Qwen3OmniMoeSnakeBeta):
-            steps.append(_Activation(module))
+            steps.append(_Snake(module))
             continue
         if isinstance(module, Qwen3OmniMoeCausalConvNet):
             step: Any = _CausalConv(module, slots)
@@ -402,7 +393,7 @@ class Code2WavDecoder:
         self.samples_per_frame = int(code2wav.total_upsample)
         self._transformer = _Transformer(code2wav)
         self._steps = _streaming_steps(code2wav)
-        self._initial_state = [_initial_slot(step) for step in self._steps if not isinstance(step, _Activation)]
+        self._initial_state = [_initial_slot(step) for step in self._steps if not isinstance(step, _Snake)]
         # Samples a decode of F frames cannot produce yet (they need frame F): 555 for the stock rates.
         self.holdback_samples = self.samples_per_frame * 4 - self.samples_for(4)
 
