@@ -138,9 +138,7 @@ class ThinkerRunner:
             batch = self.cache.batch([r.slot for r in requests], 1)
             if self.lean and self.lean_decode.usable():
                 logits = self.lean_decode(ids, positions, batch)  # [B, V]
-                batch.commit()
-                self.forwards += 1
-                self.rows_forwarded += len(batch.rows)
+                self._commit(batch)
                 return list(logits)
             embeds = self.embed_tokens(ids[:, None])  # [B, 1, D]
             out = self._run(batch, embeds, positions.view(1, -1, 1).expand(3, -1, 1), None, None, False)
@@ -159,10 +157,14 @@ class ThinkerRunner:
             deepstack_visual_embeds=deepstack,
             visual_pos_masks=visual_mask,
         )
+        self._commit(batch)
+        return out
+
+    def _commit(self, batch) -> None:
+        """After a forward: the batch's new columns count, and so does the forward."""
         batch.commit()
         self.forwards += 1
         self.rows_forwarded += len(batch.rows)
-        return out
 
     # ------------------------------------------------------------------ driving calls
 
