@@ -562,8 +562,8 @@ def decode_inputs(replies: list[TalkerReply]) -> torch.Tensor:
         if len(tokens) == len(texts):
             text = embedded
         else:
-            rows = iter(range(len(tokens)))
-            text = torch.cat([embedded[next(rows)][None] if isinstance(t, int) else t for t in texts])
+            embedded_rows = iter(embedded)  # [1, D] each, in the order of `tokens`
+            text = torch.cat([next(embedded_rows)[None] if isinstance(t, int) else t for t in texts])
     else:
         text = torch.cat(texts)
     return torch.cat([reply._next_embeds for reply in replies]) + text
