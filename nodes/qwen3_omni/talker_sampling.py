@@ -28,7 +28,9 @@ _RESIDUAL_TOP_P = 0.8
 
 class CodeHistory:
     """The codes a reply's talker has emitted so far, as a mask over the talker's vocabulary
-    (what the repetition penalty reads; one index write per frame instead of a list that grows)."""
+    (what the repetition penalty reads: one index write per frame, not a tensor rebuilt from a
+    list each step); `codes` keeps them in order (only tests read it: transformers' processors
+    take the list)."""
 
     def __init__(self, vocab_size: int, device: torch.device):
         self.mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
