@@ -50,7 +50,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from nodes.qwen3_omni.code_predictor import CodePredictor
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
-from nodes.qwen3_omni.talker_sampling import CodeHistory, residual_codes, talker_codes
+from nodes.qwen3_omni.talker_sampling import CodeHistory, check_settings, residual_codes, talker_codes
 from nodes.qwen3_omni.talker_slots import TalkerSlots
 
 __all__ = [
@@ -300,6 +300,7 @@ class TalkerReply:
         self._generator = None
         if self.sampling.do_sample and self.sampling.seed is not None:
             self._generator = torch.Generator(device=talker.device).manual_seed(self.sampling.seed)
+        check_settings(self.sampling)  # where the processors used to be built (and refused bad settings)
 
     # ------------------------------------------------------------------ text in
 

@@ -21,6 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 _RESIDUAL_TOP_K = 50  # the code predictor's sampling in generate()
 _RESIDUAL_TOP_P = 0.8
@@ -39,6 +45,21 @@ class CodeHistory:
     def add(self, code: int) -> None:
         self.codes.append(code)
         self.mask[code] = True
+
+
+def check_settings(sampling: Any) -> None:
+    """Raise ValueError for settings transformers' processors refuse (temperature <= 0, a negative
+    top-k, top-p outside [0, 1], a penalty <= 0), for the stages this reply applies: the stages
+    here use their arithmetic, not their constructors' checks, so a reply runs those once."""
+    if sampling.repetition_penalty != 1.0:
+        RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty))
+    if sampling.do_sample:
+        if sampling.temperature != 1.0:
+            TemperatureLogitsWarper(float(sampling.temperature))
+        if sampling.top_k:
+            TopKLogitsWarper(top_k=int(sampling.top_k))
+        if sampling.top_p < 1.0:
+            TopPLogitsWarper(top_p=float(sampling.top_p))
 
 
 def _groups(replies: Sequence[Any], key) -> list[tuple[Any, list[int]]]:

@@ -293,3 +293,24 @@ def test_an_attention_that_needs_the_causal_mask_keeps_the_hf_predictor(talker):
     lean = predictor.predict(hidden, first, greedy)
     assert predictor.lean_calls == before + 1
     assert torch.equal(eager[0], lean[0])  # same codes (eager and sdpa differ only in float rounding)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        TalkerSampling(temperature=0.0),
+        TalkerSampling(temperature=-0.5),
+        TalkerSampling(top_k=-3),
+        TalkerSampling(top_p=-0.1),
+        TalkerSampling(repetition_penalty=0.0),
+        TalkerSampling(do_sample=False, repetition_penalty=-1.0),
+    ],
+)
+def test_a_reply_refuses_the_sampling_settings_transformers_processors_refuse(talker, sampling):
+    history = TalkerHistory(talker)
+    with pytest.raises(ValueError):
+        TalkerReply(talker, history, [1, 2, 3], sampling=sampling)
+
+
+def test_greedy_replies_do_not_check_the_sampling_only_settings(talker):
+    TalkerReply(talker, TalkerHistory(talker), [1, 2, 3], sampling=TalkerSampling(do_sample=False, temperature=0.0))
