@@ -13,7 +13,7 @@ Unknown fields are ignored (forward compatibility); unknown event types are an e
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -89,17 +89,18 @@ class AudioParam(msgspec.Struct, kw_only=True):
 class SamplingParam(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Sampling extensions (`session.sglang`), as the sglang-omni session profile names them."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    # Ranges the samplers accept: refused here with `invalid_value`, not by the model mid-reply.
+    temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None  # 0: greedy
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None  # 0: off
+    min_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     seed: int | None = None
-    talker_temperature: float | None = None
-    talker_top_p: float | None = None
-    talker_top_k: int | None = None
-    talker_repetition_penalty: float | None = None
-    talker_max_new_tokens: int | None = None
+    talker_temperature: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    talker_top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    talker_top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    talker_repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    talker_max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 Modality = Literal["text", "audio"]
@@ -267,6 +268,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
 _json = msgspec.json.Decoder()
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_RANGE = re.compile(r"Expected `\w+` [<>]=? ")  # the right type, out of range (msgspec.Meta bounds)
 
 
 def _path(path: str) -> str:
@@ -318,5 +320,5 @@ def _validation_error(text: str, kind: str, event_id: str | None) -> RealtimeErr
         return RealtimeError(
             "missing_required_parameter", f"{kind}: missing required parameter `{param}`.", param, event_id=event_id
         )
-    code = "invalid_type" if detail.startswith("Expected") else "invalid_value"
+    code = "invalid_type" if detail.startswith("Expected") and not _RANGE.match(detail) else "invalid_value"
     return RealtimeError(code, f"{kind}: {detail} at `{path}`.", path or None, event_id=event_id)

@@ -42,6 +42,18 @@ BAD_EVENTS = [
         "session.audio.input.turn_detection.threshold",
         id="out-of-range",
     ),
+    pytest.param(
+        {"type": "session.update", "session": {"sglang": {"talker_temperature": -1.0}}},
+        "invalid_value",
+        "session.sglang.talker_temperature",
+        id="sampling-out-of-range",
+    ),
+    pytest.param(
+        {"type": "response.create", "response": {"sglang": {"top_p": 2}}},
+        "invalid_value",
+        "response.sglang.top_p",
+        id="reply-sampling-out-of-range",
+    ),
     pytest.param({"type": "input_audio_buffer.append", "audio": "not base64!!"}, "invalid_base64", "audio", id="invalid-base64"),
     pytest.param({"type": "input_audio_buffer.append", "audio": b64(b"\x00\x01\x02")}, "invalid_audio", "audio", id="odd-byte-count"),
     pytest.param(
