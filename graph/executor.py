@@ -50,6 +50,7 @@ workers run other work; 0 (the default) is ready at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import heapq
 import itertools
@@ -89,8 +90,8 @@ class ComputePool:
     """`threads` worker threads taking the pool's most urgent work first (then in arrival order)."""
 
     def __init__(self, threads: int = 1):
-        if threads < 1:
-            raise ValueError("a compute pool needs at least one thread")
+        if threads < 0:
+            raise ValueError("a compute pool needs zero (inline) or more threads")
         self._calls: list[_Entry] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
@@ -99,6 +100,11 @@ class ComputePool:
         self._workers = [threading.Thread(target=self._work, name=f"compute-{i}", daemon=True) for i in range(threads)]
         for worker in self._workers:
             worker.start()
+        # threads=0: the work runs on the event loop's own thread, between its other callbacks
+        # (an engine process's busy loop; see `_drive`). Started by the first queued work.
+        self.inline = threads == 0
+        self._driver: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
 
     async def run(self, fn: Callable[..., Result], *args: Any, priority: int | None = None,
                   due: float | None = None) -> Result:
@@ -138,6 +144,9 @@ class ComputePool:
             self._ready.notify_all()
         for *_, pending in dropped:
             _deliver(pending, RuntimeError("the compute pool is shut down"))
+        if self._wake is not None and self._driver is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is gone: so is the driver
+                self._driver.get_loop().call_soon_threadsafe(self._wake.set)
 
     def join(self, timeout: float | None = None) -> None:
         """After `shutdown`: wait for the workers to finish the work they are running (blocking).
@@ -159,52 +168,110 @@ class ComputePool:
             pending.release = current_release.get()
             heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
+        if self.inline:
+            self._wake_driver(pending.loop)
+
+    def _pick(self, now: float) -> tuple[tuple[Batcher[Any, Any] | None, list[_Pending]] | None, float]:
+        """With the lock held: the most urgent released unit of work, (None, [call]) or
+        (batcher, batch), and else None with when to look again (inf: when work arrives)."""
+        chosen: Batcher[Any, Any] | None = None
+        best, call, wake_at = _released_head(self._calls, now)
+        for batcher in self._batchers:
+            if batcher._running:
+                continue
+            head, _, released_at = _released_head(batcher._queue, now)
+            wake_at = min(wake_at, released_at)
+            if head is None:
+                continue
+            ready_at = batcher._ready_at()
+            if ready_at > now:
+                wake_at = min(wake_at, ready_at)
+            elif best is None or head < best:
+                best, chosen = head, batcher
+        if best is None:
+            return None, wake_at
+        if chosen is None:
+            assert call is not None
+            entry = self._calls.pop(call)
+            heapq.heapify(self._calls)
+            return (None, [entry[-1]]), now
+        chosen._running = True
+        return (chosen, chosen._take(now)), now
 
     def _next(self) -> tuple[Batcher[Any, Any] | None, list[_Pending]] | None:
-        """The next unit of work: (None, [call]) or (batcher, batch); None once shut down."""
+        """The next unit of work for a worker thread (blocks until there is one); None once shut down."""
         with self._ready:
             while not self._closed:
                 now = time.monotonic()
-                chosen: Batcher[Any, Any] | None = None
-                best, call, wake_at = _released_head(self._calls, now)
-                for batcher in self._batchers:
-                    if batcher._running:
-                        continue
-                    head, _, released_at = _released_head(batcher._queue, now)
-                    wake_at = min(wake_at, released_at)
-                    if head is None:
-                        continue
-                    ready_at = batcher._ready_at()
-                    if ready_at > now:
-                        wake_at = min(wake_at, ready_at)
-                    elif best is None or head < best:
-                        best, chosen = head, batcher
-                if best is None:
-                    self._ready.wait(None if wake_at == math.inf else wake_at - now)
-                elif chosen is None:
-                    assert call is not None
-                    entry = self._calls.pop(call)
-                    heapq.heapify(self._calls)
-                    return None, [entry[-1]]
-                else:
-                    chosen._running = True
-                    return chosen, chosen._take(now)
+                work, wake_at = self._pick(now)
+                if work is not None:
+                    return work
+                self._ready.wait(None if wake_at == math.inf else wake_at - now)
             return None
+
+    def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
+        if batcher is None:
+            _call(batch[0])
+        else:
+            batcher._run(batch)
+            with self._ready:
+                batcher._running = False
+                self._ready.notify_all()  # its queued items may be the most urgent now
+        # A raised exception's traceback reaches this frame (f_back of the call's): it must not
+        # keep the batch, and through it the callers' arguments, alive.
+        del batch
 
     def _work(self) -> None:
         while (work := self._next()) is not None:
-            batcher, batch = work
-            if batcher is None:
-                _call(batch[0])
-            else:
-                batcher._run(batch)
-                with self._ready:
-                    batcher._running = False
-                    self._ready.notify_all()  # its queued items may be the most urgent now
+            self._run_unit(*work)
             # An idle worker keeps no reference to its last work: a cancelled caller's future and
             # the work's arguments hold that caller's state (a session's KV, its frames).
-            del work, batcher, batch
+            del work
 
+    # ------------------------------------------------------------------ inline (threads=0)
+
+    def _wake_driver(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:  # queued from another thread: hop onto the loop first
+            loop.call_soon_threadsafe(self._wake_driver, loop)
+            return
+        if self._driver is None:
+            self._wake = asyncio.Event()
+            self._driver = loop.create_task(self._drive(), name="compute-inline")
+        assert self._wake is not None
+        self._wake.set()
+
+    async def _drive(self) -> None:
+        """The engine loop of an inline pool: run the most urgent unit, then let the event loop
+        run everything that unit woke (sessions take their results and queue their next steps,
+        so the next batch sees them all), then the next unit. One thread, no GIL hand-offs
+        between the loop and a worker (graph/engine_process.py says why that matters)."""
+        assert self._wake is not None
+        while True:
+            for _ in range(_INLINE_YIELDS):
+                await asyncio.sleep(0)
+            with self._ready:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                work, wake_at = self._pick(now)
+            if work is None:
+                self._wake.clear()
+                timeout = None if wake_at == math.inf else max(wake_at - now, 0.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            self._run_unit(*work)
+            del work
+
+
+# An inline pool lets the event loop turn this many times between units: a unit's results are
+# settled in the first turn, the tasks waiting on them resume in the second and queue their next
+# steps; the third catches what those steps woke in turn (a node handing on to the next node).
+_INLINE_YIELDS = 3
 
 # While work is held back, the worker looks again at least this often: a release clock can move
 # earlier without telling the pool (an interrupt ends the reply, and its held work must run now

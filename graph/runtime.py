@@ -33,11 +33,13 @@ SESSION_KINDS = ("realtime", "speech")
 
 
 class GraphRuntime:
-    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None):
+    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, inline_compute: bool = False):
         self.spec = spec
         self.limits = spec.limits
         self.metrics = metrics or GraphMetrics()
-        self.compute = ComputePool(spec.compute_threads)
+        # inline: compute runs on this event loop's thread (an engine process, whose loop only
+        # serves the graph); else on `compute.threads` workers, off the loop.
+        self.compute = ComputePool(0 if inline_compute else spec.compute_threads)
         self.resources: dict[str, Any] = {}
         self.nodes: dict[str, Node] = {}
         self.sessions: dict[str, GraphSession] = {}
@@ -47,12 +49,13 @@ class GraphRuntime:
         self._reaper: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None) -> GraphRuntime:
+    def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None,
+                    inline_compute: bool = False) -> GraphRuntime:
         """Parse a profile and validate it fully (types, streams, cycles) before anything loads."""
         spec = parse_spec(profile)
         registry.import_modules(spec.imports)
         validate_spec(spec)
-        return cls(spec, metrics)
+        return cls(spec, metrics, inline_compute)
 
     @property
     def model_id(self) -> str:
@@ -111,6 +114,14 @@ class GraphRuntime:
 
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each node's inboxes, all sessions together (for metrics)."""
+        totals = dict.fromkeys(self.spec.nodes, 0)
+        for session in list(self.sessions.values()):
+            for node, n in session.queue_depths().items():
+                totals[node] += n
+        return totals
 
     async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None) -> GraphSession:
         if kind not in SESSION_KINDS:

@@ -181,8 +181,8 @@ class GraphSession:
             return
         control.session_id = self.id
         if isinstance(control, Interrupt):
-            dropped = [m for inbox in self._inboxes.values() for _, m in inbox.purge(lambda item: _belongs_to(item[1], control))]
-            dropped += self._output.purge(lambda message: _belongs_to(message, control))
+            dropped = [m for inbox in self._inboxes.values() for _, m in inbox.purge(lambda item: belongs_to(item[1], control))]
+            dropped += self._output.purge(lambda message: belongs_to(message, control))
             for message in dropped:
                 # A reply request dropped before any node saw it will never produce a TurnDone.
                 if isinstance(message, Turn) and message.reply is not None:
@@ -316,7 +316,7 @@ class GraphSession:
         self._node_sessions.clear()
 
 
-def _belongs_to(message: Message, interrupt: Interrupt) -> bool:
+def belongs_to(message: Message, interrupt: Interrupt) -> bool:
     if isinstance(message, _NEVER_PURGED):
         return False
     if interrupt.turn_id >= 0 and message.turn_id == interrupt.turn_id:

@@ -13,7 +13,8 @@ Layout of a profile:
     inputs: {audio: vad.audio}                       # where transports send messages in
     outputs: [dialog.events, thinker.text]           # what transports receive
     limits: {max_sessions: 8}
-    compute: {threads: 1, lookahead_ms: 500}         # compute pool workers; how far ahead of its listener a live reply is made
+    compute: {threads: 1, lookahead_ms: 500,         # compute pool workers; how far ahead of its listener a live reply is made
+              engines: 1, devices: [cuda:0]}         # engine processes (0: in the server's process); a device per engine
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -39,6 +40,7 @@ class GraphConfigError(ValueError):
 
 DEFAULT_COMPUTE_THREADS = 1
 DEFAULT_LOOKAHEAD_MS = 500
+DEFAULT_ENGINES = 1
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ class GraphSpec:
     # `compute: {lookahead_ms: N}`: how far ahead of its listener a live reply is made (graph/
     # session.py PlaybackClock); null: as fast as the worker can (work-conserving).
     compute_lookahead_s: float | None = DEFAULT_LOOKAHEAD_MS / 1000.0
+    # `compute: {engines: N}`: engine processes that run the graph, sessions spread across them
+    # (graph/engine.py); 0 runs it in the server's own process. `sgl-omni serve` reads this.
+    compute_engines: int = DEFAULT_ENGINES
+    # `compute: {devices: [...]}`: one device per engine (e.g. cuda:0, cuda:1), replacing the
+    # `device` param of every resource that has one in that engine; empty: as the profile says.
+    compute_devices: tuple[str, ...] = ()
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -139,9 +147,9 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
         raise GraphConfigError("limits", str(exc)) from None
 
     compute = _mapping(profile.get("compute", {}), "compute")
-    unknown = sorted(set(compute) - {"threads", "lookahead_ms"})
+    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices"})
     if unknown:
-        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms)")
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices)")
     threads = compute.get("threads", DEFAULT_COMPUTE_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
@@ -149,9 +157,18 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     if lookahead_ms is not None and (not isinstance(lookahead_ms, (int, float)) or isinstance(lookahead_ms, bool) or lookahead_ms < 0):
         raise GraphConfigError("compute.lookahead_ms", "must be a number of milliseconds >= 0, or null")
 
+    engines = compute.get("engines", DEFAULT_ENGINES)
+    if not isinstance(engines, int) or isinstance(engines, bool) or engines < 0:
+        raise GraphConfigError("compute.engines", "must be an integer >= 0 (0: run the graph in the server's process)")
+    devices = compute.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
+        raise GraphConfigError("compute.devices", "must be a list of device names (cpu, cuda:0, ...)")
+    if devices and len(devices) != max(engines, 1):
+        raise GraphConfigError("compute.devices", f"names {len(devices)} devices for {engines} engines: give one per engine")
+
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
     return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads,
-                     None if lookahead_ms is None else lookahead_ms / 1000.0)
+                     None if lookahead_ms is None else lookahead_ms / 1000.0, engines, tuple(devices))
 
 
 def validate_spec(spec: GraphSpec) -> None:

@@ -67,8 +67,9 @@ def serve(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     from configs import ProfileError, load_profile, override_model_path
+    from graph.engine_client import EngineRuntime
     from graph.runtime import GraphRuntime
-    from graph.spec import GraphConfigError
+    from graph.spec import GraphConfigError, parse_spec
 
     started = time.perf_counter()
     try:
@@ -81,7 +82,10 @@ def serve(args: argparse.Namespace) -> int:
         from session_server.metrics import ServerMetrics
 
         metrics = ServerMetrics()
-        runtime = GraphRuntime.from_config(profile, metrics)
+        if parse_spec(profile).compute_engines >= 1:
+            runtime = EngineRuntime.from_config(profile, metrics, args.log_level)
+        else:
+            runtime = GraphRuntime.from_config(profile, metrics)
     except (ProfileError, GraphConfigError) as exc:
         log.error("invalid profile: %s", exc)
         return 2

@@ -66,11 +66,7 @@ class _RuntimeCollector(Collector):
         if runtime is not None:
             for kind in ("realtime", "speech"):
                 active.add_metric([kind], runtime.count(kind))
-            totals = dict.fromkeys(runtime.spec.nodes, 0)
-            for session in list(runtime.sessions.values()):
-                for node, n in session.queue_depths().items():
-                    totals[node] += n
-            for node, n in totals.items():
+            for node, n in runtime.queue_depths().items():
                 depth.add_metric([node], n)
         yield active
         yield depth

@@ -1,0 +1,407 @@
+"""The server's side of the engine processes: a runtime whose sessions live in other processes.
+
+`EngineRuntime` has the interface of `GraphRuntime` (`start`, `open_session`, `drain`, `stop`,
+`ready`, `sessions`...) so the transports cannot tell them apart, but the graph runs in
+`compute.engines` child processes (graph/engine_process.py), each with its own models, compute
+pool and event loop. This process keeps the network, the protocols and audio coding; the engines
+keep the model work. Each engine is a Python interpreter of its own, so the server uses as many
+cores (or GPUs, one per engine with `compute.devices`) as it has engines plus one.
+
+Sessions are spread across engines: a new session goes to the ready engine hosting the fewest
+(data parallel, as vLLM's and SGLang's engine replicas; a session's KV never leaves its engine).
+
+An engine that dies (a crash, the OOM killer) ends each of its sessions with the error
+`engine_failed`; the server stays up, starts a new engine in its place, and meanwhile sends new
+sessions to the others (none left: `server_not_ready`, /health 503 until it is back).
+
+`RemoteSession` mirrors `GraphSession` for a transport: `send` (waits while the session's
+window of unconsumed inputs is full: backpressure across the process boundary), `control`
+(overtakes queued input, here and in the engine), `outputs`, `close`, `error`, `end_reason`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from graph import registry
+from graph.errors import SessionRejected
+from graph.messages import AudioChunk, Close, Control, Interrupt, Message
+from graph.metrics import GraphMetrics
+from graph.session import belongs_to
+from graph.spec import GraphSpec, parse_spec, validate_spec
+from graph.wire import CREDIT, Link, LinkClosed
+
+log = logging.getLogger("graph.engines")
+
+SESSION_KINDS = ("realtime", "speech")
+# How long a failed engine waits before it is started again (a crash loop must not spin).
+RESTART_DELAY_S = 1.0
+
+
+class RemoteSession:
+    def __init__(self, session_id: str, kind: str, engine: EngineHandle, input_window: int, inputs: frozenset[str]):
+        self.id = session_id
+        self.kind = kind
+        self.engine = engine
+        self._inputs = inputs
+        self._input_credit = input_window
+        self._room = asyncio.Event()
+        self._room.set()
+        self._output: collections.deque[Message] = collections.deque()
+        self._has_output = asyncio.Event()
+        self._closing = False
+        self.ended = asyncio.Event()
+        self.end_reason: str | None = None
+        self.error: tuple[str, str] | None = None
+        self.started_at = time.monotonic()
+        self.queue_depth = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    async def send(self, input_name: str, message: Message) -> None:
+        """Put a message into a graph input. Waits while the session's input window is full."""
+        if input_name not in self._inputs:
+            raise KeyError(f"graph has no input {input_name!r}")
+        while self._input_credit <= 0 and not self.ended.is_set():
+            self._room.clear()
+            await self._room.wait()
+        if self._closing or self.ended.is_set():
+            raise RuntimeError(f"session {self.id} is closed")
+        message.session_id = self.id
+        if isinstance(message, AudioChunk) and message.received_at is None:
+            message.received_at = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the engine
+        self._input_credit -= 1
+        self.engine.link.send("send", self.id, (input_name, message))
+
+    def control(self, control: Control) -> None:
+        """Deliver a control now, ahead of queued input and output."""
+        if self._closing or self.ended.is_set():
+            return
+        control.session_id = self.id
+        if isinstance(control, Interrupt):
+            kept = [m for m in self._output if not belongs_to(m, control)]
+            if len(kept) != len(self._output):
+                self.engine.link.credit(self.id, len(self._output) - len(kept))
+                self._output = collections.deque(kept)
+        if isinstance(control, Close):
+            self._closing = True
+        self.engine.link.send("control", self.id, control)
+
+    async def outputs(self) -> AsyncIterator[Message]:
+        """Messages from the graph's outputs, in order; ends once the session has ended."""
+        while True:
+            while not self._output:
+                if self.ended.is_set():
+                    return
+                self._has_output.clear()
+                await self._has_output.wait()
+            message = self._output.popleft()
+            self.engine.link.credit(self.id)
+            yield message
+
+    def output_backlog(self) -> int:
+        return len(self._output)
+
+    async def close(self, reason: str = "closed") -> None:
+        """End the session and wait until the engine has freed it. Idempotent."""
+        if not self._closing and not self.ended.is_set():
+            self._closing = True
+            self.engine.link.send("close", self.id, reason)
+        await self.ended.wait()
+
+    # ------------------------------------------------------------------ from the engine
+
+    def _received(self, message: Message) -> None:
+        self._output.append(message)
+        self._has_output.set()
+
+    def _credited(self, n: int) -> None:
+        self._input_credit += n
+        self._room.set()
+
+    def _end(self, reason: str | None, error: tuple[str, str] | None) -> None:
+        if self.ended.is_set():
+            return
+        self.end_reason = reason or "closed"
+        self.error = error
+        self.ended.set()
+        self._room.set()
+        self._has_output.set()
+
+
+class EngineHandle:
+    """One engine process: its link, the sessions it hosts, and what it last reported."""
+
+    def __init__(self, index: int, device: str | None):
+        self.index = index
+        self.name = f"engine-{index}"
+        self.device = device
+        self.process: subprocess.Popen[bytes] | None = None
+        self.link: Link = None  # type: ignore[assignment]  # set by start()
+        self.ready = False
+        self.sessions: dict[str, RemoteSession] = {}
+        self.facts: dict[str, Any] = {}
+        self.queue_depths: dict[str, int] = {}
+        self._replies: dict[str, asyncio.Future[Any]] = {}
+        self._drained: asyncio.Future[None] | None = None
+        self.reader: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def start(self, profile: dict[str, Any], log_level: str) -> None:
+        """Spawn the process and wait until its runtime is loaded and warm."""
+        parent, child = socket.socketpair()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "graph.engine_process", "--fd", str(child.fileno()),
+                 "--name", self.name, "--log-level", log_level],
+                pass_fds=(child.fileno(),),
+                start_new_session=True,  # the terminal's Ctrl-C goes to the server, which drains
+            )
+        finally:
+            child.close()
+        self.link = await Link.over(parent)
+        self.link.send("start", "", {"profile": copy.deepcopy(profile), "device": self.device})
+        try:
+            records = await self.link.receive()
+        except LinkClosed:
+            code = await asyncio.to_thread(self.process.wait)
+            raise RuntimeError(f"{self.name} exited with code {code} while starting") from None
+        op, _, payload = records[0]
+        if op != "ready":
+            raise RuntimeError(f"{self.name} failed to start: {payload}")
+        self.facts = payload
+        self.ready = True
+
+    async def request_open(self, session: RemoteSession, config: dict[str, Any] | None, output_window: int) -> None:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[session.id] = future
+        self.sessions[session.id] = session
+        self.link.send("open", session.id, (session.kind, dict(config or {}), output_window))
+        try:
+            op, payload = await future
+        except BaseException:
+            self.sessions.pop(session.id, None)
+            raise
+        finally:
+            self._replies.pop(session.id, None)
+        if op == "rejected":
+            self.sessions.pop(session.id, None)
+            raise SessionRejected(*payload)
+
+    async def drain(self, grace_s: float | None) -> None:
+        if not self.ready or self.link.closed:
+            return
+        self._drained = asyncio.get_running_loop().create_future()
+        self.link.send("drain", "", grace_s)
+        with contextlib.suppress(LinkClosed):
+            await self._drained
+
+    async def read(self, metrics: GraphMetrics, on_session_end) -> None:
+        """Route the engine's records until its link closes."""
+        try:
+            while True:
+                for op, session_id, payload in await self.link.receive():
+                    if op == "out":
+                        if (session := self.sessions.get(session_id)) is not None:
+                            session._received(payload)
+                    elif op == CREDIT:
+                        for credited_id, n in payload.items():
+                            if (session := self.sessions.get(credited_id)) is not None:
+                                session._credited(n)
+                    elif op == "ended":
+                        if (session := self.sessions.pop(session_id, None)) is not None:
+                            session._end(*payload)
+                            on_session_end(session)
+                    elif op in ("opened", "rejected"):
+                        if (future := self._replies.get(session_id)) is not None and not future.done():
+                            future.set_result((op, payload))
+                    elif op == "stats":
+                        self.queue_depths = payload["queue_depths"]
+                        for node, seconds in payload["node_steps"].items():
+                            for value in seconds:
+                                metrics.node_step(node, value)
+                    elif op == "drained":
+                        if self._drained is not None and not self._drained.done():
+                            self._drained.set_result(None)
+        except LinkClosed:
+            pass
+        finally:
+            self.ready = False
+
+    def fail_sessions(self, code: str, message: str, on_session_end) -> None:
+        for future in self._replies.values():
+            if not future.done():
+                future.set_result(("rejected", (code, message)))
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        sessions, self.sessions = self.sessions, {}
+        for session in sessions.values():
+            session._end(f"error: {code}", (code, message))
+            on_session_end(session)
+
+
+class EngineRuntime:
+    """`GraphRuntime`'s interface over `spec.compute_engines` engine processes."""
+
+    def __init__(self, spec: GraphSpec, profile: dict[str, Any], metrics: GraphMetrics | None = None,
+                 log_level: str = "info"):
+        self.spec = spec
+        self.limits = spec.limits
+        self.metrics = metrics or GraphMetrics()
+        self._profile = profile
+        self._log_level = log_level
+        count = max(1, spec.compute_engines)
+        devices = spec.compute_devices or (None,) * count
+        self.engines = [EngineHandle(i, devices[i]) for i in range(count)]
+        self.sessions: dict[str, RemoteSession] = {}
+        self.started = False
+        self.shutting_down = False
+        self._watchers: list[asyncio.Task[None]] = []
+        self._inputs = frozenset(spec.inputs)
+
+    @classmethod
+    def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None, log_level: str = "info") -> EngineRuntime:
+        """Parse and validate the profile here, before any engine starts (a bad one fails fast)."""
+        spec = parse_spec(profile)
+        registry.import_modules(spec.imports)
+        validate_spec(spec)
+        return cls(spec, profile, metrics, log_level)
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    @property
+    def ready(self) -> bool:
+        return self.started and any(engine.ready for engine in self.engines)
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """Plain facts about the first engine's resources (speakers, output rate)."""
+        from types import SimpleNamespace
+
+        facts = next((e.facts for e in self.engines if e.facts), {})
+        return {name: SimpleNamespace(**values) for name, values in facts.get("resources", {}).items()}
+
+    def engine_pids(self) -> list[int]:
+        return [engine.pid for engine in self.engines if engine.pid is not None and engine.ready]
+
+    async def start(self) -> None:
+        # The first engine alone: it may build the embedded checkpoint into the shared cache.
+        await self._start_engine(self.engines[0])
+        await asyncio.gather(*(self._start_engine(engine) for engine in self.engines[1:]))
+        self.started = True
+
+    async def _start_engine(self, engine: EngineHandle) -> None:
+        started = time.perf_counter()
+        log.info("starting %s%s ...", engine.name, f" on {engine.device}" if engine.device else "")
+        await engine.start(self._profile, self._log_level)
+        log.info("%s: ready in %.2fs (pid %s)", engine.name, time.perf_counter() - started, engine.pid)
+        self._watchers.append(asyncio.create_task(self._watch(engine), name=f"{engine.name}-watch"))
+
+    async def _watch(self, engine: EngineHandle) -> None:
+        await engine.read(self.metrics, self._forget)
+        if self.shutting_down and not engine.sessions:
+            return
+        assert engine.process is not None
+        code = await asyncio.to_thread(engine.process.wait)
+        log.error("%s (pid %s) ended unexpectedly with code %s; ending its %d sessions",
+                  engine.name, engine.pid, code, len(engine.sessions))
+        engine.fail_sessions("engine_failed", f"The engine serving this session stopped unexpectedly (exit code {code}); please reconnect.",
+                             self._forget)
+        while not self.shutting_down:
+            await asyncio.sleep(RESTART_DELAY_S)
+            try:
+                await self._start_engine(engine)
+                return
+            except Exception:  # noqa: BLE001 - keep trying; the other engines keep serving
+                log.exception("restarting %s failed", engine.name)
+
+    def capacity(self, kind: str) -> int:
+        return self.limits.effective_max_sessions if kind == "realtime" else self.limits.max_speech_sessions
+
+    def count(self, kind: str) -> int:
+        return sum(1 for session in self.sessions.values() if session.kind == kind)
+
+    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None) -> RemoteSession:
+        if kind not in SESSION_KINDS:
+            raise ValueError(f"unknown session kind {kind!r}")
+        if self.shutting_down:
+            raise SessionRejected("server_shutting_down", "The server is shutting down and accepts no new sessions.")
+        ready = [engine for engine in self.engines if engine.ready]
+        if not self.started or not ready:
+            raise SessionRejected("server_not_ready", "The server is still loading the model.")
+        if session_id in self.sessions:
+            raise SessionRejected("session_exists", f"Session {session_id!r} already exists.")
+        if self.count(kind) >= self.capacity(kind):
+            if kind == "realtime":
+                raise SessionRejected(
+                    "session_limit_reached",
+                    f"The server already runs its maximum of {self.capacity(kind)} concurrent sessions; try again later.",
+                )
+            raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
+        engine = min(ready, key=lambda e: (len(e.sessions), e.index))
+        session = RemoteSession(session_id, kind, engine, self.limits.edge_capacity, self._inputs)
+        self.sessions[session_id] = session  # before any await: a concurrent open sees the slot taken
+        try:
+            await engine.request_open(session, config, self.limits.output_capacity)
+        except BaseException:
+            self.sessions.pop(session_id, None)
+            raise
+        self.metrics.session_started(kind)
+        return session
+
+    def _forget(self, session: RemoteSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+            self.metrics.session_ended(session.kind, (session.end_reason or "closed").split(":", 1)[0])
+
+    def queue_depths(self) -> dict[str, int]:
+        totals = dict.fromkeys(self.spec.nodes, 0)
+        for engine in self.engines:
+            for node, n in engine.queue_depths.items():
+                totals[node] = totals.get(node, 0) + n
+        return totals
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Stop admitting sessions; each engine lets open replies finish, then closes the rest."""
+        self.shutting_down = True
+        await asyncio.gather(*(engine.drain(grace_s) for engine in self.engines))
+        remaining = [session.ended.wait() for session in list(self.sessions.values())]
+        if remaining:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*remaining), 5.0)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.drain(grace_s)
+        for engine in self.engines:
+            if engine.link is not None:
+                engine.link.close()
+        for engine in self.engines:
+            if engine.process is not None:
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(engine.process.wait), 30.0)
+                except TimeoutError:
+                    log.warning("%s did not exit; killing it", engine.name)
+                    engine.process.kill()
+                    await asyncio.to_thread(engine.process.wait)
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self.started = False
+

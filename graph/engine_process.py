@@ -1,0 +1,279 @@
+"""An engine process: one `GraphRuntime` (models, nodes, compute pool) serving sessions over a link.
+
+`python -m graph.engine_process --fd N` is started by the server (graph/engine_client.py) with
+one end of a socket pair. The first record names the profile; the engine builds its runtime
+from it, answers `ready` (or `failed`), and from then on hosts the sessions the server opens:
+
+    server -> engine                         engine -> server
+    ("open", id, (kind, config))             ("opened", id, None) | ("rejected", id, (code, message))
+    ("send", id, (input, message))           ("out", id, message)          graph output, in order
+    ("control", id, control)                 ("ended", id, (reason, error))
+    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times
+    ("drain", "", grace_s)                   ("drained", "", None)
+    ("credit", "", {id: n})                  ("credit", "", {id: n})       messages taken (graph/wire.py)
+
+Inputs wait in a per-session queue here until the session's first node has room: a session
+whose graph is backed up holds up no other session. Controls are applied as they arrive,
+ahead of that queue (an interrupt also drops the queued input of the turn it cancels).
+
+The engine lives as long as its link: when the server process goes away the socket closes and
+the engine exits. It ignores Ctrl-C (the terminal signals the whole process group; the server
+drains the sessions and then closes the link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from graph.errors import SessionRejected
+from graph.messages import Interrupt, Message
+from graph.metrics import GraphMetrics
+from graph.runtime import GraphRuntime
+from graph.session import GraphSession, belongs_to
+from graph.wire import CREDIT, Link, LinkClosed
+
+log = logging.getLogger("graph.engine")
+
+STATS_INTERVAL_S = 0.5
+
+
+class Window:
+    """At most `size` messages in flight; `take` waits for room, `give` returns it."""
+
+    def __init__(self, size: int):
+        self._free = size
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def take(self) -> None:
+        while self._free <= 0:
+            self._room.clear()
+            await self._room.wait()
+        self._free -= 1
+
+    def give(self, n: int) -> None:
+        self._free += n
+        if self._free > 0:
+            self._room.set()
+
+    def open_wide(self) -> None:
+        """No more limit (the reader is going away and will not return credit)."""
+        self.give(1 << 30)
+
+
+class _StepTimes(GraphMetrics):
+    """Collects node step times to ship to the server with the next stats record."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[float]] = collections.defaultdict(list)
+
+    def node_step(self, node: str, seconds: float) -> None:
+        self.steps[node].append(seconds)
+
+    def take(self) -> dict[str, list[float]]:
+        steps, self.steps = dict(self.steps), collections.defaultdict(list)
+        return steps
+
+
+class _Hosted:
+    """One session hosted here: its queued inputs, and the tasks that feed and drain it."""
+
+    def __init__(self, session: GraphSession, link: Link, output_window: int):
+        self.session = session
+        self.link = link
+        self.inputs: collections.deque[tuple[str, Message]] = collections.deque()
+        self.has_input = asyncio.Event()
+        self.outputs = Window(output_window)
+        self.tasks = [
+            asyncio.create_task(self._feed(), name=f"{session.id}:feed"),
+            asyncio.create_task(self._pump(), name=f"{session.id}:pump"),
+        ]
+
+    def queue(self, input_name: str, message: Message) -> None:
+        self.inputs.append((input_name, message))
+        self.has_input.set()
+
+    def interrupt(self, control: Interrupt) -> None:
+        kept = [item for item in self.inputs if not belongs_to(item[1], control)]
+        dropped = len(self.inputs) - len(kept)
+        if dropped:
+            self.inputs = collections.deque(kept)
+            self.link.credit(self.session.id, dropped)
+
+    async def _feed(self) -> None:
+        session = self.session
+        while True:
+            while not self.inputs:
+                self.has_input.clear()
+                await self.has_input.wait()
+            input_name, message = self.inputs.popleft()
+            try:
+                await session.send(input_name, message)
+            except RuntimeError:
+                return  # the session ended; the pump reports it
+            except KeyError as exc:  # no such input: the server checks, so this is a bug there
+                log.error("session %s: %s", session.id, exc)
+            self.link.credit(session.id)
+
+    async def _pump(self) -> None:
+        session = self.session
+        async for message in session.outputs():
+            await self.outputs.take()
+            self.link.send("out", session.id, message)
+        await session.ended.wait()
+        self.tasks[0].cancel()
+        self.link.send("ended", session.id, (session.end_reason, session.error))
+
+
+class EngineServer:
+    def __init__(self, link: Link, runtime: GraphRuntime, steps: _StepTimes):
+        self.link = link
+        self.runtime = runtime
+        self.steps = steps
+        self.hosted: dict[str, _Hosted] = {}
+
+    async def serve(self) -> None:
+        stats = asyncio.create_task(self._report_stats(), name="engine-stats")
+        try:
+            while True:
+                for op, session_id, payload in await self.link.receive():
+                    self._handle(op, session_id, payload)
+        except LinkClosed:
+            log.info("engine: the server went away; closing %d sessions", len(self.hosted))
+        finally:
+            stats.cancel()
+            await self.runtime.stop(0)
+
+    def _handle(self, op: str, session_id: str, payload: Any) -> None:
+        hosted = self.hosted.get(session_id)
+        if op == "send":
+            if hosted is not None:
+                hosted.queue(*payload)
+            else:  # ended meanwhile: the input is dropped, its credit returned
+                self.link.credit(session_id)
+        elif op == "control":
+            if hosted is not None:
+                if isinstance(payload, Interrupt):
+                    hosted.interrupt(payload)
+                hosted.session.control(payload)
+        elif op == CREDIT:
+            for credited_id, n in payload.items():
+                if (target := self.hosted.get(credited_id)) is not None:
+                    target.outputs.give(n)
+        elif op == "open":
+            asyncio.create_task(self._open(session_id, *payload))
+        elif op == "close":
+            if hosted is not None:
+                hosted.outputs.open_wide()
+                asyncio.create_task(hosted.session.close(payload))
+        elif op == "drain":
+            asyncio.create_task(self._drain(payload))
+        else:
+            log.error("engine: unknown record %r", op)
+
+    async def _open(self, session_id: str, kind: str, config: dict[str, Any], output_window: int) -> None:
+        try:
+            session = await self.runtime.open_session(session_id, kind, config)
+        except SessionRejected as rejected:
+            self.link.send("rejected", session_id, (rejected.code, rejected.message))
+            return
+        except Exception as exc:  # noqa: BLE001 - a session that cannot open must not end the engine
+            log.exception("engine: opening session %s failed", session_id)
+            self.link.send("rejected", session_id, ("internal_error", f"the session could not start: {exc}"))
+            return
+        hosted = self.hosted[session_id] = _Hosted(session, self.link, output_window)
+        hosted.tasks[1].add_done_callback(lambda _: self.hosted.pop(session_id, None))
+        self.link.send("opened", session_id)
+
+    async def _drain(self, grace_s: float | None) -> None:
+        await self.runtime.drain(grace_s)
+        self.link.send("drained")
+
+    async def _report_stats(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take()})
+
+
+def apply_device(profile: dict[str, Any], device: str | None) -> None:
+    """Put every resource that names a `device` on this engine's device."""
+    if device is None:
+        return
+    for resource in (profile.get("resources") or {}).values():
+        params = resource.get("params") if isinstance(resource, dict) else None
+        if isinstance(params, dict) and "device" in params:
+            params["device"] = device
+
+
+def resource_facts(runtime: GraphRuntime) -> dict[str, dict[str, Any]]:
+    """What the server may read of each loaded resource without holding it (plain values only):
+    the speakers a model offers, its default one and its output sample rate."""
+    facts = {}
+    for name, resource in runtime.resources.items():
+        speakers = tuple(getattr(resource, "speakers", None) or ())
+        if not speakers:
+            talker_config = getattr(getattr(resource, "config", None), "talker_config", None)
+            speakers = tuple(s.lower() for s in (getattr(talker_config, "speaker_id", None) or ()))
+        facts[name] = {
+            "speakers": speakers,
+            "default_speaker": getattr(resource, "default_speaker", None),
+            "output_sample_rate": getattr(resource, "output_sample_rate", None),
+        }
+    return facts
+
+
+async def _main(fd: int, name: str) -> int:
+    sock = socket.socket(fileno=fd)
+    link = await Link.over(sock)
+    records = await link.receive()
+    _, _, start = records[0]
+    profile = start["profile"]
+    apply_device(profile, start.get("device"))
+    steps = _StepTimes()
+    started = time.perf_counter()
+    try:
+        runtime = GraphRuntime.from_config(profile, steps, inline_compute=os.environ.get("SGL_OMNI_ENGINE_THREADS") is None)
+        await runtime.start()
+    except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
+        log.exception("%s: start failed", name)
+        link.send("failed", "", f"{type(exc).__name__}: {exc}")
+        await link.drain()
+        return 1
+    log.info("%s: ready in %.2fs (pid %d)", name, time.perf_counter() - started, os.getpid())
+    link.send("ready", "", {"resources": resource_facts(runtime), "pid": os.getpid()})
+    await EngineServer(link, runtime, steps).serve()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graph.engine_process")
+    parser.add_argument("--fd", type=int, required=True, help="this end of the server's socket pair")
+    parser.add_argument("--name", default="engine", help="for the logs")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("SGL_OMNI_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(os.environ["SGL_OMNI_SWITCH_INTERVAL"]))
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s {args.name} %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # uvloop is the server's default loop; plain asyncio works the same
+        return asyncio.run(_main(args.fd, args.name))
+    with contextlib.suppress(KeyboardInterrupt):
+        return uvloop.run(_main(args.fd, args.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

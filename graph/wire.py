@@ -1,0 +1,102 @@
+"""The link between the server process and an engine process: batched records over a socket.
+
+A record is a small tuple, `(op, session_id, payload)`, whose payload is a graph message or
+plain data. Records written during one turn of the event loop go out as one frame (a 4-byte
+length, then a pickle of the list), so a burst of audio appends from many sessions costs one
+write and one read, not one per message.
+
+Flow control is per session and counted in messages: `credit(session_id)` tallies a message
+the receiver has taken off its hands, and the tallies ride out with the next frame as one
+`("credit", "", {session_id: n})` record. A sender keeps at most a window of messages in flight
+per session (graph/engine.py), so neither side's buffers grow with a slow reader.
+
+Pickle, not a schema codec: both ends are this program (the engine is our own child process),
+and graph messages carry numpy arrays and nested msgspec structs (`Command.args` holds a
+`ReplyParams`) that must arrive as the same types. Protocol 5 pickles arrays without copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from typing import Any
+
+Record = tuple[str, str, Any]
+
+_LENGTH = struct.Struct("!I")
+CREDIT = "credit"
+
+
+class LinkClosed(Exception):
+    """The other end went away (its process ended or closed the socket)."""
+
+
+class Link:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._reader = reader
+        self._writer = writer
+        self._pending: list[Record] = []
+        self._credits: dict[str, int] = {}
+        self._flush_scheduled = False
+        self.closed = False
+
+    @classmethod
+    async def over(cls, sock: Any) -> Link:
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**26)
+        return cls(reader, writer)
+
+    def send(self, op: str, session_id: str = "", payload: Any = None) -> None:
+        """Queue a record; it is written with everything else queued in this loop turn."""
+        if self.closed:
+            return
+        self._pending.append((op, session_id, payload))
+        self._schedule_flush()
+
+    def credit(self, session_id: str, n: int = 1) -> None:
+        """Tell the other end that `n` more of this session's messages were taken."""
+        if self.closed:
+            return
+        self._credits[session_id] = self._credits.get(session_id, 0) + n
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._credits:
+            self._pending.append((CREDIT, "", self._credits))
+            self._credits = {}
+        if not self._pending or self.closed:
+            self._pending.clear()
+            return
+        frame = pickle.dumps(self._pending, protocol=5)
+        self._pending = []
+        self._writer.write(_LENGTH.pack(len(frame)) + frame)
+
+    async def receive(self) -> list[Record]:
+        """The records of the next frame; raises `LinkClosed` at the end of the stream."""
+        try:
+            header = await self._reader.readexactly(_LENGTH.size)
+            frame = await self._reader.readexactly(_LENGTH.unpack(header)[0])
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            self.closed = True
+            raise LinkClosed(str(exc)) from None
+        return pickle.loads(frame)
+
+    async def drain(self) -> None:
+        """Wait until what was written has gone to the socket (after a final flush)."""
+        self._flush()
+        try:
+            await self._writer.drain()
+        except ConnectionError:
+            self.closed = True
+
+    def close(self) -> None:
+        if not self.closed:
+            self._flush()
+            self.closed = True
+        self._writer.close()
