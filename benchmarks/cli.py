@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--spread-sessions", type=_ints, help="realtime: levels run again with start offsets spread over --spread seconds (default 16 when --sessions is not given; quick none)")
     load.add_argument("--spread", type=float, default=6.0, help="realtime: the spread levels' start window, about one turn cycle of the default load (default 6 s)")
     load.add_argument("--spread-turns", type=int, default=4, help="realtime: turns per session in the spread levels (default 4: enough turns for a steady p95)")
+    load.add_argument("--find-capacity", action="store_true", help="realtime: then search spread levels for the largest session count meeting the scale goal (benchmarks/capacity.py)")
+    load.add_argument("--capacity-limit", type=int, default=160, help="realtime: the largest session count the capacity search tries (default 160)")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
     load.add_argument("--webrtc-sessions", type=_ints, help="webrtc: concurrent calls per level (default 1,2; quick 1)")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
@@ -173,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out) -> None:
-    from benchmarks import realtime, speech
+    from benchmarks import capacity, realtime, speech
     from benchmarks.server import ManagedServer, ResourceMonitor, ServerHandle, remote_model_id
 
     texts = [QUICK_SENTENCE] if args.quick else list(SENTENCES)
@@ -186,6 +188,8 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
     else:
         log_path = out / f"{args.name}-server.log"
         needed = [*((*sessions, *spread_sessions) if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
+        if "realtime" in scenarios and args.find_capacity:
+            needed.append(args.capacity_limit)
         context = ManagedServer(args.config, max(needed), log_path, args.api_key)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
@@ -194,20 +198,43 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             spread_settings = dataclasses.replace(realtime_settings, stagger_s=args.spread, turns=args.spread_turns)
             plan = [(count, "together", realtime_settings) for count in sessions]
             plan += [(count, "spread", spread_settings) for count in spread_sessions]
-            for count, arrivals, settings in plan:
-                if time.monotonic() > deadline:
-                    levels.append({**_skipped_level(count, "deadline reached"), "arrivals": arrivals})
-                    continue
+
+            def run_level(count: int, arrivals: str, settings: Any) -> dict[str, Any]:
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
                 level = realtime.summarize_level(count, results, wall, settings, arrivals)
                 level["server"] = monitor.summary(count)
                 # The load generator's own CPU: on a small machine it competes with the server.
                 level["client_cpu_percent"] = client.cpu_percent()
-                levels.append(level)
                 print(f"realtime N={report.level_label(level)}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
                 time.sleep(0.5)  # let the server free the sessions before the next level
+                return level
+
+            if args.find_capacity and 1 not in sessions:
+                plan.insert(0, (1, "together", realtime_settings))  # the search's yardstick
+            for count, arrivals, settings in plan:
+                if time.monotonic() > deadline:
+                    levels.append({**_skipped_level(count, "deadline reached"), "arrivals": arrivals})
+                    continue
+                levels.append(run_level(count, arrivals, settings))
             doc["realtime"] = {"levels": levels}
+            idle_count = max((*sessions, *spread_sessions))
+            if server.pid is not None and time.monotonic() < deadline:
+                with ResourceMonitor(server.pid) as monitor:
+                    doc["realtime"]["idle_memory"] = asyncio.run(capacity.idle_memory(
+                        server.ws_url, server.model_id, args.api_key, idle_count, monitor.rss_mb))
+                time.sleep(0.5)
+            one = next((n for n in levels if n["sessions"] == 1 and n.get("arrivals") != "spread" and "skipped" not in n), None)
+            if args.find_capacity and one is not None and one["ttfa_from_speech_stopped_ms"].get("p50"):
+
+                def probe(count: int) -> dict[str, Any]:
+                    levels.append(run_level(count, "spread", spread_settings))  # a row of the table too
+                    return levels[-1]
+
+                doc["realtime"]["capacity"] = capacity.search(
+                    probe, list(levels),
+                    one["ttfa_from_speech_stopped_ms"]["p50"], deadline, args.capacity_limit)
+                print(f"capacity: {doc['realtime']['capacity']['sessions']} sessions", file=sys.stderr)
         if "webrtc" in scenarios:
             doc["webrtc"] = _run_webrtc(server, args, doc["settings"]["webrtc"]["sessions"], utterances, realtime_settings, deadline)
         if "speech" in scenarios:

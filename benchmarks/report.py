@@ -157,6 +157,15 @@ def render(doc: dict[str, Any]) -> str:
             out.append(_table(header, rows))
             out.append("N spread: session start offsets cover a whole turn cycle (otherwise within 1 s, so turns end together)")
             out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
+            idle = realtime.get("idle_memory")
+            if idle:
+                out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
+                           "RSS MB/sess above: per talking session (peak during the level)")
+            found = realtime.get("capacity")
+            if found:
+                tried = ", ".join(f"{n} {'pass' if ok else 'fail'}" for n, ok in found["tried"].items())
+                out.append(f"capacity: {found['sessions']} sessions{'' if found['complete'] else ' (search cut short by the deadline)'}: "
+                           f"the largest count meeting the goal ({found['goal']}); tried {tried}")
             errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
             if errors:
                 out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))

@@ -204,6 +204,10 @@ class ResourceMonitor:
                 total += times.user + times.system
         return total
 
+    def rss_mb(self) -> float:
+        """Resident memory now, MB (children included), inside the `with` block."""
+        return self._rss_mb()
+
     def _rss_mb(self) -> float:
         import psutil
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from graph.engine_client import EngineRuntime
 from graph.runtime import GraphRuntime
 from session_server.app import create_app
 from session_server.metrics import ServerMetrics
@@ -41,9 +42,12 @@ async def running_server(
     api_key: str | None = None,
     enable_realtime: bool = True,
     wait_ready: bool = True,
+    engines: bool = False,
 ) -> AsyncIterator[RunningServer]:
+    """In-process graph by default (tests may look into its nodes); `engines=True` runs it in
+    the profile's `compute.engines` engine processes, as `sgl-omni serve` does."""
     metrics = ServerMetrics()
-    runtime = GraphRuntime.from_config(profile, metrics)
+    runtime = (EngineRuntime if engines else GraphRuntime).from_config(profile, metrics)
     state = ServerState(runtime, Settings(runtime.model_id, api_key, enable_realtime, profile), metrics)
     port = free_port()
     server: DrainingServer | None = None

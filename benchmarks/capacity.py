@@ -1,0 +1,93 @@
+"""How many live sessions the server holds: the capacity search and the idle-session memory probe.
+
+Capacity (`sgl-omni bench realtime --find-capacity`): the largest session count whose spread-
+arrival level (start offsets over one turn cycle, `--spread-turns` turns each) still meets the
+scale goal of issue 12: time to first audio p95 <= 2x the 1-session p50 of the same run, no
+underrun with a 100 ms playback buffer, no error, every turn answered. Levels already run count;
+the search then grows the count by half until a level fails, and halves the gap between the
+largest pass and the smallest failure until it is within `resolution` sessions. Each probe is a
+full spread level (about half a minute), so the run's `--deadline` bounds the search; what it
+found by then is reported, with the levels it tried.
+
+Idle memory: `idle_memory` opens N sessions that send nothing and reads the server's resident
+memory (engine processes included) before and after: the cost of a connected, silent session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import websockets
+
+GOAL_RATIO = 2.0
+
+
+def meets_goal(level: dict[str, Any], one_session_p50_ms: float) -> bool:
+    p95 = level["ttfa_from_speech_stopped_ms"].get("p95")
+    return (
+        "skipped" not in level
+        and p95 is not None
+        and p95 <= GOAL_RATIO * one_session_p50_ms
+        and level["underruns"].get("total_with_100ms_buffer", 0) == 0
+        and level["errors"]["count"] == 0
+        and level["turns_completed"] == level["turns_planned"]
+    )
+
+
+def search(run_spread_level: Callable[[int], dict[str, Any]], levels: list[dict[str, Any]], one_session_p50_ms: float,
+           deadline: float, limit: int, resolution: int = 8) -> dict[str, Any]:
+    """Probe spread levels (`run_spread_level(n)` runs one and returns its row) for the largest
+    count meeting the goal. `levels`: rows already run (their spread ones count)."""
+    outcome = {n["sessions"]: meets_goal(n, one_session_p50_ms) for n in levels if n.get("arrivals") == "spread" and "skipped" not in n}
+
+    def bounds() -> tuple[int, int | None]:
+        passed = max((n for n, ok in outcome.items() if ok), default=0)
+        failed = min((n for n, ok in outcome.items() if not ok and n > passed), default=None)
+        return passed, failed
+
+    while time.monotonic() < deadline:
+        passed, failed = bounds()
+        if failed is None:
+            if passed >= limit:
+                break
+            count = min(limit, max(passed + resolution, passed * 3 // 2, 1))
+        elif failed - passed <= resolution:
+            break
+        else:
+            count = (passed + failed) // 2
+        outcome[count] = meets_goal(run_spread_level(count), one_session_p50_ms)
+    passed, failed = bounds()
+    return {
+        "sessions": passed,
+        "first_failing": failed,
+        "limit": limit,
+        "goal": f"spread arrivals: TTFA p95 <= {GOAL_RATIO:g}x the 1-session p50 ({GOAL_RATIO * one_session_p50_ms:.0f} ms), "
+                "0 underruns with a 100 ms buffer, 0 errors",
+        "one_session_p50_ms": one_session_p50_ms,
+        "tried": {str(n): ok for n, ok in sorted(outcome.items())},
+        "complete": failed is not None and failed - passed <= resolution or passed >= limit,
+    }
+
+
+async def idle_memory(ws_url: str, model_id: str, api_key: str | None, sessions: int,
+                      rss_mb: Callable[[], float], settle_s: float = 2.0) -> dict[str, Any]:
+    """Resident memory of the server with `sessions` connected, silent sessions, per session."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    before = rss_mb()
+    sockets = []
+    try:
+        for _ in range(sessions):
+            ws = await websockets.connect(f"{ws_url}/v1/realtime?model={model_id}", additional_headers=headers, max_size=None)
+            sockets.append(ws)
+            while json.loads(await ws.recv())["type"] != "session.created":
+                pass
+        await asyncio.sleep(settle_s)
+        after = rss_mb()
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    return {"sessions": sessions, "rss_mb_before": round(before, 1), "rss_mb_after": round(after, 1),
+            "rss_mb_per_idle_session": round(max(after - before, 0.0) / max(sessions, 1), 2)}

@@ -1,0 +1,149 @@
+"""Engine processes: the graph runs in child processes, the server keeps the transports.
+
+These run the realtime test profile (server VAD, dialog, a fake reply node) in real engine
+processes, as `sgl-omni serve` does, and drive them with the OpenAI SDK and raw sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import websockets
+import yaml
+
+from tests.conftest import free_port, running_server
+from tests.realtime.client import RawClient, sdk_client, until
+from tests.realtime.fakes import realtime_profile
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def engine_profile(engines: int = 1, **reply) -> dict:
+    profile = realtime_profile(reply={"words": 3, "chunk_ms": 100, **reply})
+    profile["compute"] = {"engines": engines}
+    return profile
+
+
+async def text_turn(conn, text: str = "Hello") -> list:
+    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await conn.response.create()
+    return await until(conn, "response.done")
+
+
+async def test_a_session_runs_in_an_engine_process_not_the_server():
+    async with running_server(engine_profile(), engines=True) as server:
+        pids = server.runtime.engine_pids()
+        assert len(pids) == 1 and pids[0] != os.getpid()
+        async with sdk_client(server).realtime.connect(model="test-realtime") as conn:
+            events = await text_turn(conn)
+        done = events[-1]
+        assert done.response.status == "completed"
+        assert sum(1 for e in events if e.type == "response.output_audio.delta") == 3
+        assert [e.delta for e in events if e.type == "response.output_audio_transcript.delta"] == ["word0 ", "word1 ", "word2 "]
+        # The engine keeps the session's history across turns (its "KV"), as in one process.
+        async with sdk_client(server).realtime.connect(model="test-realtime") as conn:
+            first = (await text_turn(conn, "one two three"))[-1]
+            second = (await text_turn(conn, "four"))[-1]
+        assert second.response.usage.input_token_details.cached_tokens == first.response.usage.input_tokens + 3
+
+
+async def test_sessions_are_spread_across_engines():
+    async with running_server(engine_profile(engines=2), engines=True) as server:
+        runtime = server.runtime
+        assert len(set(runtime.engine_pids())) == 2
+        client = sdk_client(server)
+        async with client.realtime.connect(model="test-realtime") as a, client.realtime.connect(model="test-realtime") as b:
+            await until(a, "session.created")
+            await until(b, "session.created")
+            assert sorted(len(engine.sessions) for engine in runtime.engines) == [1, 1]
+            done_a, done_b = await asyncio.gather(text_turn(a), text_turn(b))
+        assert done_a[-1].response.status == done_b[-1].response.status == "completed"
+
+
+async def test_a_killed_engine_ends_its_sessions_with_engine_failed_and_is_replaced():
+    async with running_server(engine_profile(delay_s=0.2), engines=True) as server:
+        runtime = server.runtime
+        [old_pid] = runtime.engine_pids()
+        async with websockets.connect(server.ws_url + "/v1/realtime?model=test-realtime") as ws:
+            client = RawClient(ws)
+            await client.until("session.created")
+            await client.send({"type": "response.create"})
+            await client.until("response.output_audio.delta")
+            os.kill(old_pid, signal.SIGKILL)
+            error = await client.until("error")
+            assert error[-1]["error"]["code"] == "engine_failed"
+            closed = await client.until("session.closed")
+            assert closed[-1]["reason"] == "error: engine_failed"
+        # The server stayed up and starts a new engine in the old one's place.
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            async with asyncio.timeout(60):
+                while not runtime.engine_pids() or runtime.engine_pids() == [old_pid]:
+                    await asyncio.sleep(0.05)
+                assert (await http.get("/health")).status_code == 200
+        assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+        async with sdk_client(server).realtime.connect(model="test-realtime") as conn:
+            events = await text_turn(conn)
+        assert events[-1].response.status == "completed"
+
+
+async def test_an_interrupt_overtakes_input_queued_for_the_engine():
+    async with running_server(engine_profile(words=50, delay_s=0.02), engines=True) as server:
+        async with sdk_client(server).realtime.connect(model="test-realtime") as conn:
+            await conn.response.create()
+            await until(conn, "response.output_audio.delta")
+            await conn.response.cancel()
+            done = (await until(conn, "response.done"))[-1]
+        assert done.response.status == "cancelled"
+
+
+def test_sigterm_lets_a_live_reply_in_an_engine_finish_then_exits_zero(tmp_path):
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump(engine_profile(words=10, delay_s=0.1)))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError("server never became healthy")
+        engine_pids = [child.pid for child in psutil.Process(process.pid).children()]
+        assert len(engine_pids) == 1
+
+        async def reply_through_shutdown() -> list[dict]:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?model=test-realtime") as ws:
+                client = RawClient(ws)
+                await client.until("session.created")
+                await client.send({"type": "response.create"})
+                await client.until("response.output_audio.delta")
+                process.send_signal(signal.SIGTERM)
+                return await client.until("session.closed")
+
+        events = asyncio.run(reply_through_shutdown())
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    done = [e for e in events if e["type"] == "response.done"]
+    assert [d["response"]["status"] for d in done] == ["completed"]
+    assert sum(1 for e in events if e["type"] == "response.output_audio.delta") == 9  # the other 9 words' audio
+    assert events[-1]["reason"] == "server_shutdown"
+    assert process.returncode == 0, output
+    assert all(not psutil.pid_exists(pid) for pid in engine_pids)
