@@ -53,8 +53,8 @@ class RemoteSession:
         self.id = session_id
         self.kind = kind
         self.engine = engine
-        self._inputs = inputs
-        self._input_credit = input_window
+        # Inputs in flight per graph input (each has its own window, as each has its own edge).
+        self._input_credit = dict.fromkeys(inputs, input_window)
         self._room = asyncio.Event()
         self._room.set()
         self._output: collections.deque[Message] = collections.deque()
@@ -72,9 +72,9 @@ class RemoteSession:
 
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while the session's input window is full."""
-        if input_name not in self._inputs:
+        if input_name not in self._input_credit:
             raise KeyError(f"graph has no input {input_name!r}")
-        while self._input_credit <= 0 and not self.ended.is_set():
+        while self._input_credit[input_name] <= 0 and not self.ended.is_set():
             self._room.clear()
             await self._room.wait()
         if self._closing or self.ended.is_set():
@@ -82,7 +82,7 @@ class RemoteSession:
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the engine
-        self._input_credit -= 1
+        self._input_credit[input_name] -= 1
         self.engine.link.send("send", self.id, (input_name, message))
 
     def control(self, control: Control) -> None:
@@ -127,8 +127,8 @@ class RemoteSession:
         self._output.append(message)
         self._has_output.set()
 
-    def _credited(self, n: int) -> None:
-        self._input_credit += n
+    def _credited(self, input_name: str, n: int) -> None:
+        self._input_credit[input_name] += n
         self._room.set()
 
     def _end(self, reason: str | None, error: tuple[str, str] | None) -> None:
@@ -220,9 +220,9 @@ class EngineHandle:
                         if (session := self.sessions.get(session_id)) is not None:
                             session._received(payload)
                     elif op == CREDIT:
-                        for credited_id, n in payload.items():
+                        for (credited_id, input_name), n in payload.items():
                             if (session := self.sessions.get(credited_id)) is not None:
-                                session._credited(n)
+                                session._credited(input_name, n)
                     elif op == "ended":
                         if (session := self.sessions.pop(session_id, None)) is not None:
                             session._end(*payload)

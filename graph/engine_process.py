@@ -10,10 +10,11 @@ from it, answers `ready` (or `failed`), and from then on hosts the sessions the 
     ("control", id, control)                 ("ended", id, (reason, error))
     ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times
     ("drain", "", grace_s)                   ("drained", "", None)
-    ("credit", "", {id: n})                  ("credit", "", {id: n})       messages taken (graph/wire.py)
+    ("credit", "", {id: n})                  ("credit", "", {(id, input): n})  messages taken (graph/wire.py)
 
-Inputs wait in a per-session queue here until the session's first node has room: a session
-whose graph is backed up holds up no other session. Controls are applied as they arrive,
+Inputs wait in a queue per session and graph input here until the node they go to has room: a
+session whose graph is backed up holds up no other session, and a reply request on `replies`
+does not wait behind audio on `audio`. Controls are applied as they arrive,
 ahead of that queue (an interrupt also drops the queued input of the turn it cancels).
 
 The engine lives as long as its link: when the server process goes away the socket closes and
@@ -85,45 +86,54 @@ class _StepTimes(GraphMetrics):
         return steps
 
 
-class _Hosted:
-    """One session hosted here: its queued inputs, and the tasks that feed and drain it."""
+class _Input:
+    """One graph input of one session: what waits for room in its first node's inbox."""
 
-    def __init__(self, session: GraphSession, link: Link, output_window: int):
-        self.session = session
-        self.link = link
-        self.inputs: collections.deque[tuple[str, Message]] = collections.deque()
-        self.has_input = asyncio.Event()
-        self.outputs = Window(output_window)
-        self.tasks = [
-            asyncio.create_task(self._feed(), name=f"{session.id}:feed"),
-            asyncio.create_task(self._pump(), name=f"{session.id}:pump"),
-        ]
+    def __init__(self, hosted: _Hosted, name: str):
+        self.name = name
+        self.queue: collections.deque[Message] = collections.deque()
+        self.ready = asyncio.Event()
+        self.task = asyncio.create_task(self._feed(hosted), name=f"{hosted.session.id}:{name}")
 
-    def queue(self, input_name: str, message: Message) -> None:
-        self.inputs.append((input_name, message))
-        self.has_input.set()
-
-    def interrupt(self, control: Interrupt) -> None:
-        kept = [item for item in self.inputs if not belongs_to(item[1], control)]
-        dropped = len(self.inputs) - len(kept)
-        if dropped:
-            self.inputs = collections.deque(kept)
-            self.link.credit(self.session.id, dropped)
-
-    async def _feed(self) -> None:
-        session = self.session
+    async def _feed(self, hosted: _Hosted) -> None:
+        session, key = hosted.session, (hosted.session.id, self.name)
         while True:
-            while not self.inputs:
-                self.has_input.clear()
-                await self.has_input.wait()
-            input_name, message = self.inputs.popleft()
+            while not self.queue:
+                self.ready.clear()
+                await self.ready.wait()
+            message = self.queue.popleft()
             try:
-                await session.send(input_name, message)
+                await session.send(self.name, message)
             except RuntimeError:
                 return  # the session ended; the pump reports it
             except KeyError as exc:  # no such input: the server checks, so this is a bug there
                 log.error("session %s: %s", session.id, exc)
-            self.link.credit(session.id)
+            hosted.link.credit(key)
+
+
+class _Hosted:
+    """One session hosted here: its queued inputs (one queue per graph input, so an automatic
+    reply sent to `replies` never waits behind audio for the VAD), and the task that drains it."""
+
+    def __init__(self, session: GraphSession, link: Link, output_window: int):
+        self.session = session
+        self.link = link
+        self.inputs: dict[str, _Input] = {}
+        self.outputs = Window(output_window)
+        self.pump = asyncio.create_task(self._pump(), name=f"{session.id}:pump")
+
+    def queue(self, input_name: str, message: Message) -> None:
+        if (entry := self.inputs.get(input_name)) is None:
+            entry = self.inputs[input_name] = _Input(self, input_name)
+        entry.queue.append(message)
+        entry.ready.set()
+
+    def interrupt(self, control: Interrupt) -> None:
+        for entry in self.inputs.values():
+            kept = [message for message in entry.queue if not belongs_to(message, control)]
+            if len(kept) != len(entry.queue):
+                self.link.credit((self.session.id, entry.name), len(entry.queue) - len(kept))
+                entry.queue = collections.deque(kept)
 
     async def _pump(self) -> None:
         session = self.session
@@ -131,7 +141,8 @@ class _Hosted:
             await self.outputs.take()
             self.link.send("out", session.id, message)
         await session.ended.wait()
-        self.tasks[0].cancel()
+        for entry in self.inputs.values():
+            entry.task.cancel()
         self.link.send("ended", session.id, (session.end_reason, session.error))
 
 
@@ -160,7 +171,7 @@ class EngineServer:
             if hosted is not None:
                 hosted.queue(*payload)
             else:  # ended meanwhile: the input is dropped, its credit returned
-                self.link.credit(session_id)
+                self.link.credit((session_id, payload[0]))
         elif op == "control":
             if hosted is not None:
                 if isinstance(payload, Interrupt):
@@ -192,7 +203,7 @@ class EngineServer:
             self.link.send("rejected", session_id, ("internal_error", f"the session could not start: {exc}"))
             return
         hosted = self.hosted[session_id] = _Hosted(session, self.link, output_window)
-        hosted.tasks[1].add_done_callback(lambda _: self.hosted.pop(session_id, None))
+        hosted.pump.add_done_callback(lambda _: self.hosted.pop(session_id, None))
         self.link.send("opened", session_id)
 
     async def _drain(self, grace_s: float | None) -> None:
@@ -266,12 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(float(os.environ["SGL_OMNI_SWITCH_INTERVAL"]))
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {args.name} %(name)s: %(message)s")
-    try:
-        import uvloop
-    except ImportError:  # uvloop is the server's default loop; plain asyncio works the same
-        return asyncio.run(_main(args.fd, args.name))
+    # The stock loop, not uvloop: the inline compute pool reads what the loop is about to run
+    # (graph/executor.py); the engine's I/O is one socket, where uvloop gains little.
     with contextlib.suppress(KeyboardInterrupt):
-        return uvloop.run(_main(args.fd, args.name))
+        return asyncio.run(_main(args.fd, args.name))
     return 0
 
 

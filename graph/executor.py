@@ -250,8 +250,12 @@ class ComputePool:
         so the next batch sees them all), then the next unit. One thread, no GIL hand-offs
         between the loop and a worker (graph/engine_process.py says why that matters)."""
         assert self._wake is not None
+        # asyncio's loop shows what it is about to run (uvloop does not: then a fixed number of turns)
+        ready = getattr(asyncio.get_running_loop(), "_ready", None)
         while True:
-            for _ in range(_INLINE_YIELDS):
+            for turn in range(_INLINE_MAX_YIELDS):
+                if ready is None and turn >= _INLINE_YIELDS or ready is not None and turn > 0 and not ready:
+                    break
                 await asyncio.sleep(0)
             with self._ready:
                 if self._closed:
@@ -268,10 +272,13 @@ class ComputePool:
             del work
 
 
-# An inline pool lets the event loop turn this many times between units: a unit's results are
-# settled in the first turn, the tasks waiting on them resume in the second and queue their next
-# steps; the third catches what those steps woke in turn (a node handing on to the next node).
+# Between units an inline pool lets the event loop run until nothing else is ready (at most
+# _INLINE_MAX_YIELDS turns): a unit's results are settled in the first turn, the tasks waiting on
+# them resume and queue their next steps, and those wake the next node in turn. A turn's next
+# step is then queued before the next unit is chosen, so it is not left behind someone else's
+# batch at every hop. Where the loop cannot tell (uvloop), _INLINE_YIELDS turns.
 _INLINE_YIELDS = 3
+_INLINE_MAX_YIELDS = 32
 
 # While work is held back, the worker looks again at least this often: a release clock can move
 # earlier without telling the pool (an interrupt ends the reply, and its held work must run now

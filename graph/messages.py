@@ -84,6 +84,9 @@ class Turn(Message, kw_only=True):
     reply: ReplyParams | None = None
     speak: bool = False
     instructions: str | None = None
+    # A reply to this turn follows at once (server VAD that creates responses): its listener is
+    # waiting from now, so the turn's compute is as urgent as the reply's (graph/session.py).
+    awaited: bool = False
 
 
 # --------------------------------------------------------------------------- model side

@@ -70,8 +70,9 @@ class Node(abc.ABC):
 
     inputs: ClassVar[dict[str, tuple[type[Message], ...]]] = {}
     outputs: ClassVar[dict[str, tuple[type[Message], ...]]] = {}
-    # Reply-side nodes (thinker, talker, code2wav): their compute is due when the session's
-    # listener would run out of reply audio, not when it is submitted (graph/executor.py).
+    # Nodes on the way to a reply's audio (preprocessing through code2wav): their compute is due
+    # when the session's listener would run out of reply audio, or has been waiting since its
+    # turn ended, not when it is submitted (graph/executor.py, graph/session.py PlaybackClock).
     follows_playback: ClassVar[bool] = False
 
     def __init__(self, name: str, params: dict[str, Any], context: NodeContext):

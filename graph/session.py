@@ -286,6 +286,8 @@ class GraphSession:
         return emit
 
     def _count_reply_request(self, message: Message) -> None:
+        if isinstance(message, Turn) and message.awaited:
+            self.playback.reply_requested()
         if isinstance(message, Turn) and message.reply is not None:
             self.playback.reply_requested()
             self.open_replies += 1

@@ -5,9 +5,10 @@ plain data. Records written during one turn of the event loop go out as one fram
 length, then a pickle of the list), so a burst of audio appends from many sessions costs one
 write and one read, not one per message.
 
-Flow control is per session and counted in messages: `credit(session_id)` tallies a message
-the receiver has taken off its hands, and the tallies ride out with the next frame as one
-`("credit", "", {session_id: n})` record. A sender keeps at most a window of messages in flight
+Flow control is per stream of messages and counted in messages: `credit(key)` tallies a
+message the receiver has taken off its hands (key: a session id for its outputs, or (session
+id, input) for one of its inputs), and the tallies ride out with the next frame as one
+`("credit", "", {key: n})` record. A sender keeps at most a window of messages in flight
 per session (graph/engine.py), so neither side's buffers grow with a slow reader.
 
 Pickle, not a schema codec: both ends are this program (the engine is our own child process),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
+from collections.abc import Hashable
 from typing import Any
 
 Record = tuple[str, str, Any]
@@ -37,7 +39,7 @@ class Link:
         self._reader = reader
         self._writer = writer
         self._pending: list[Record] = []
-        self._credits: dict[str, int] = {}
+        self._credits: dict[Hashable, int] = {}
         self._flush_scheduled = False
         self.closed = False
 
@@ -53,11 +55,11 @@ class Link:
         self._pending.append((op, session_id, payload))
         self._schedule_flush()
 
-    def credit(self, session_id: str, n: int = 1) -> None:
-        """Tell the other end that `n` more of this session's messages were taken."""
+    def credit(self, key: Hashable, n: int = 1) -> None:
+        """Tell the other end that `n` more messages of this stream were taken."""
         if self.closed:
             return
-        self._credits[session_id] = self._credits.get(session_id, 0) + n
+        self._credits[key] = self._credits.get(key, 0) + n
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

@@ -261,6 +261,7 @@ class DialogSession(NodeSession):
                 images=[f.image for f in frames],
                 instructions=self.instructions,
                 media_ms=start,
+                awaited=auto_reply and bool((self.vad or {}).get("create_response", True)),
             ),
         )
         await emit(

@@ -22,6 +22,7 @@ from nodes.qwen3_omni.media_encoders import encode_turns
 @register_node("qwen3_omni.encoders")
 class Encoders(Node):
     inputs = {"features": (Features,)}
+    follows_playback = True  # on a new turn's first-audio path: due when its listener waits
     outputs = {"embeddings": (Embeddings,)}
 
     async def start(self) -> None:

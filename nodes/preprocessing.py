@@ -37,6 +37,7 @@ from nodes.qwen3_omni.inputs import build_turn_inputs
 class Preprocessing(Node):
     inputs = {"turns": (Turn,)}
     outputs = {"features": (Features,)}
+    follows_playback = True  # on a new turn's first-audio path: due when its listener waits
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))

@@ -70,6 +70,7 @@ class TurnDetection:
             "prefix_padding_ms": self.prefix_padding_ms,
             "silence_duration_ms": self.silence_duration_ms,
             "idle_timeout_ms": self.idle_timeout_ms,
+            "create_response": self.create_response,
         }
 
 
