@@ -361,14 +361,16 @@ def _shape_random_weights(model, ids: dict[str, int]) -> None:
             torch.nn.init.normal_(moe.gate.weight, std=std)
 
     lm_head = model.thinker.lm_head.weight
-    allowed = torch.zeros(lm_head.shape[0], dtype=torch.bool)
+    allowed = torch.zeros(lm_head.shape[0], dtype=torch.bool, device=lm_head.device)
     allowed[32:127] = True
     for word in _ROLE_WORDS:
         for end in range(2, len(word) + 1):
             allowed[ids[word[:end]]] = True
     lm_head[~allowed] = 0.0
 
-    model.talker.codec_head.weight[CODEBOOK_SIZE:] = 0.0
+    codebook = model.config.code2wav_config.codebook_size
+    groups = model.config.code2wav_config.num_quantizers
+    model.talker.codec_head.weight[codebook:] = 0.0
 
     code2wav = model.code2wav
     for module in code2wav.modules():
@@ -384,7 +386,7 @@ def _shape_random_weights(model, ids: dict[str, int]) -> None:
     final = code2wav.decoder[-1].conv
     captured: list[torch.Tensor] = []
     handle = final.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    codes = torch.arange(NUM_CODE_GROUPS * 16).reshape(1, NUM_CODE_GROUPS, 16) % CODEBOOK_SIZE
+    codes = torch.arange(groups * 16, device=final.weight.device).reshape(1, groups, 16) % codebook
     code2wav(codes)
     handle.remove()
     scale = 0.1 / float(captured[0].std())

@@ -165,14 +165,17 @@ class OmniModel:
         dtype: str = "float32",
         bounds: ReplyBounds = ReplyBounds(),
         system_prompt: str | None = None,
+        random_weights: str | None = None,
+        random_shrink: int = 1,
     ) -> OmniModel:
-        from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
         if dtype not in DTYPES:
             raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+        if random_weights is not None:
+            return cls._random(random_weights, random_shrink, device, dtype, bounds, system_prompt)
         if path is None:
             from nodes.qwen3_omni.checkpoint import DEFAULT_SYSTEM_PROMPT, ensure_tiny_checkpoint
 
@@ -195,23 +198,7 @@ class OmniModel:
             )
             model.eval()
             tokenizer = AutoTokenizer.from_pretrained(source, **common)
-            preprocessor = _preprocessor_config(source, is_dir)
-            feature_extractor = WhisperFeatureExtractor(
-                feature_size=int(preprocessor.get("feature_size", 128)),
-                sampling_rate=int(preprocessor.get("sampling_rate", 16000)),
-                hop_length=int(preprocessor.get("hop_length", 160)),
-                chunk_length=int(preprocessor.get("chunk_length", 30)),
-                n_fft=int(preprocessor.get("n_fft", 400)),
-                padding_value=float(preprocessor.get("padding_value", 0.0)),
-                return_attention_mask=True,
-            )
-            image_kwargs = {k: preprocessor.get(k, v) for k, v in _IMAGE_DEFAULTS.items()}
-            size = preprocessor.get("size") or {}
-            if "min_pixels" not in preprocessor and size.get("shortest_edge"):
-                image_kwargs["min_pixels"] = int(size["shortest_edge"])
-            if "max_pixels" not in preprocessor and size.get("longest_edge"):
-                image_kwargs["max_pixels"] = int(size["longest_edge"])
-            image_processor = Qwen2VLImageProcessorPil(**image_kwargs)
+            feature_extractor, image_processor = _processors(_preprocessor_config(source, is_dir))
         except ModelLoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - one clear startup error, whatever broke
@@ -229,6 +216,47 @@ class OmniModel:
         )
         log.info("loaded Qwen3-Omni from %s on %s (%s)", source, omni.device, dtype)
         return omni
+
+    @classmethod
+    def _random(cls, preset: str, shrink: int, device: str, dtype: str, bounds: ReplyBounds,
+                system_prompt: str | None) -> OmniModel:
+        """A random-weight model of a real size, built on `device` (nodes/qwen3_omni/random_presets.py)."""
+        from nodes.qwen3_omni import checkpoint
+        from nodes.qwen3_omni.random_presets import build_random_model
+
+        try:
+            model = build_random_model(preset, shrink=shrink, device=device, dtype=DTYPES[dtype])
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+        feature_extractor, image_processor = _processors(checkpoint._preprocessor_config())
+        omni = cls(model, checkpoint._build_tokenizer(), feature_extractor, image_processor, path=f"random:{preset}",
+                   bounds=bounds, system_prompt=system_prompt if system_prompt is not None else checkpoint.DEFAULT_SYSTEM_PROMPT)
+        parameters = sum(p.numel() for p in model.parameters())
+        log.info("built random-weight %s (shrink %d, %.2f B parameters) on %s (%s)", preset, shrink, parameters / 1e9, omni.device, dtype)
+        return omni
+
+
+def _processors(preprocessor: dict[str, Any]) -> tuple[Any, Any]:
+    """The Whisper feature extractor and the image processor a checkpoint's preprocessor config names."""
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    feature_extractor = WhisperFeatureExtractor(
+        feature_size=int(preprocessor.get("feature_size", 128)),
+        sampling_rate=int(preprocessor.get("sampling_rate", 16000)),
+        hop_length=int(preprocessor.get("hop_length", 160)),
+        chunk_length=int(preprocessor.get("chunk_length", 30)),
+        n_fft=int(preprocessor.get("n_fft", 400)),
+        padding_value=float(preprocessor.get("padding_value", 0.0)),
+        return_attention_mask=True,
+    )
+    image_kwargs = {k: preprocessor.get(k, v) for k, v in _IMAGE_DEFAULTS.items()}
+    size = preprocessor.get("size") or {}
+    if "min_pixels" not in preprocessor and size.get("shortest_edge"):
+        image_kwargs["min_pixels"] = int(size["shortest_edge"])
+    if "max_pixels" not in preprocessor and size.get("longest_edge"):
+        image_kwargs["max_pixels"] = int(size["longest_edge"])
+    return feature_extractor, Qwen2VLImageProcessorPil(**image_kwargs)
 
 
 def _preprocessor_config(source: str, is_dir: bool) -> dict[str, Any]:
@@ -286,9 +314,11 @@ def _chat_tokens(config: Any, tokenizer: Any) -> ChatTokens:
 @register_resource("qwen3_omni.model")
 def load_omni_model(params: dict[str, Any]) -> OmniModel:
     """Resource factory. params: path (None -> the tiny checkpoint), device (cpu|cuda), dtype
-    (float32|bfloat16|float16), system_prompt, and the `ReplyBounds` fields."""
+    (float32|bfloat16|float16), system_prompt, the `ReplyBounds` fields, and random_weights
+    (a preset of nodes/qwen3_omni/random_presets.py, built on the device instead of loading a
+    path) with random_shrink."""
     bound_fields = set(ReplyBounds.__dataclass_fields__)
-    known = {"path", "device", "dtype", "system_prompt"} | bound_fields
+    known = {"path", "device", "dtype", "system_prompt", "random_weights", "random_shrink"} | bound_fields
     unknown = set(params) - known
     if unknown:
         raise ModelLoadError(f"unknown qwen3_omni.model params: {', '.join(sorted(unknown))}")
@@ -305,4 +335,6 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
         dtype=str(params.get("dtype") or "float32"),
         bounds=bounds,
         system_prompt=params.get("system_prompt"),
+        random_weights=params.get("random_weights"),
+        random_shrink=int(params.get("random_shrink") or 1),
     )
