@@ -327,6 +327,9 @@ def _call(pending: _Pending) -> None:
 
 
 def _deliver(pending: _Pending, result: Any) -> None:
+    if asyncio._get_running_loop() is pending.loop:  # an inline pool: already on the caller's loop
+        _settle(pending.future, result)
+        return
     try:
         pending.loop.call_soon_threadsafe(_settle, pending.future, result)
     except RuntimeError:  # the caller's event loop is closed: nobody is waiting any more
