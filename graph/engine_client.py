@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from graph import registry
@@ -73,7 +73,7 @@ class RemoteSession:
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while the session's input window is full."""
         if input_name not in self._input_credit:
-            raise KeyError(f"graph has no input {input_name!r}")
+            raise KeyError(f"this session does not use input {input_name!r}")
         while self._input_credit[input_name] <= 0 and not self.ended.is_set():
             self._room.clear()
             await self._room.wait()
@@ -187,11 +187,12 @@ class EngineHandle:
         self.facts = payload
         self.ready = True
 
-    async def request_open(self, session: RemoteSession, config: dict[str, Any] | None, output_window: int) -> None:
+    async def request_open(self, session: RemoteSession, config: dict[str, Any] | None, inputs: list[str] | None,
+                           output_window: int) -> None:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[session.id] = future
         self.sessions[session.id] = session
-        self.link.send("open", session.id, (session.kind, dict(config or {}), output_window))
+        self.link.send("open", session.id, (session.kind, dict(config or {}), inputs, output_window))
         try:
             op, payload = await future
         except BaseException:
@@ -338,7 +339,9 @@ class EngineRuntime:
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)
 
-    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None) -> RemoteSession:
+    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None,
+                           inputs: Collection[str] | None = None) -> RemoteSession:
+        """As `GraphRuntime.open_session`: `inputs` (None: all) are the graph inputs it will use."""
         if kind not in SESSION_KINDS:
             raise ValueError(f"unknown session kind {kind!r}")
         if self.shutting_down:
@@ -356,10 +359,14 @@ class EngineRuntime:
                 )
             raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
         engine = min(ready, key=lambda e: (len(e.sessions), e.index))
-        session = RemoteSession(session_id, kind, engine, self.limits.edge_capacity, self._inputs)
+        unknown = sorted(set(inputs or ()) - self._inputs)
+        if unknown:
+            raise ValueError(f"graph has no input {unknown[0]!r}")
+        used = frozenset(inputs) if inputs is not None else self._inputs
+        session = RemoteSession(session_id, kind, engine, self.limits.edge_capacity, used)
         self.sessions[session_id] = session  # before any await: a concurrent open sees the slot taken
         try:
-            await engine.request_open(session, config, self.limits.output_capacity)
+            await engine.request_open(session, config, None if inputs is None else sorted(used), self.limits.output_capacity)
         except BaseException:
             self.sessions.pop(session_id, None)
             raise

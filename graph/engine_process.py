@@ -5,7 +5,7 @@ one end of a socket pair. The first record names the profile; the engine builds 
 from it, answers `ready` (or `failed`), and from then on hosts the sessions the server opens:
 
     server -> engine                         engine -> server
-    ("open", id, (kind, config))             ("opened", id, None) | ("rejected", id, (code, message))
+    ("open", id, (kind, config, inputs, n))  ("opened", id, None) | ("rejected", id, (code, message))
     ("send", id, (input, message))           ("out", id, message)          graph output, in order
     ("control", id, control)                 ("ended", id, (reason, error))
     ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times
@@ -192,9 +192,10 @@ class EngineServer:
         else:
             log.error("engine: unknown record %r", op)
 
-    async def _open(self, session_id: str, kind: str, config: dict[str, Any], output_window: int) -> None:
+    async def _open(self, session_id: str, kind: str, config: dict[str, Any], inputs: list[str] | None,
+                    output_window: int) -> None:
         try:
-            session = await self.runtime.open_session(session_id, kind, config)
+            session = await self.runtime.open_session(session_id, kind, config, inputs)
         except SessionRejected as rejected:
             self.link.send("rejected", session_id, (rejected.code, rejected.message))
             return

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from graph import registry
@@ -90,8 +91,9 @@ class GraphRuntime:
         waits for its TurnDone.
         """
         assert self._wiring is not None
+        used = self._wiring.reached_from([warmup.get("input", "speech")])
         session = GraphSession(
-            SessionInfo("warmup", "speech", {}), self.nodes, self._wiring,
+            SessionInfo("warmup", "speech", {}), {name: node for name, node in self.nodes.items() if name in used}, self._wiring,
             self.limits.edge_capacity, self.limits.output_capacity, self.metrics,
         )
         await session.start()
@@ -123,7 +125,10 @@ class GraphRuntime:
                 totals[node] += n
         return totals
 
-    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None) -> GraphSession:
+    async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None,
+                           inputs: Collection[str] | None = None) -> GraphSession:
+        """`inputs`: the graph inputs the session will use (None: all); it opens only the nodes
+        those reach (a speech request: no VAD, no dialog)."""
         if kind not in SESSION_KINDS:
             raise ValueError(f"unknown session kind {kind!r}")
         if self.shutting_down:
@@ -139,9 +144,13 @@ class GraphRuntime:
                     f"The server already runs its maximum of {self.capacity(kind)} concurrent sessions; try again later.",
                 )
             raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
+        unknown = sorted(set(inputs or ()) - set(self.spec.inputs))
+        if unknown:
+            raise ValueError(f"graph has no input {unknown[0]!r}")
+        used = self._wiring.reached_from(inputs if inputs is not None else self.spec.inputs)
         session = GraphSession(
             SessionInfo(session_id, kind, config),
-            self.nodes,
+            {name: node for name, node in self.nodes.items() if name in used},
             self._wiring,
             self.limits.edge_capacity,
             self.limits.output_capacity,

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
 from graph.edges import Inbox, InboxClosed
@@ -104,6 +104,18 @@ class Wiring:
             inputs=dict(spec.inputs),
         )
 
+    def reached_from(self, inputs: Collection[str]) -> set[str]:
+        """The nodes that messages put into `inputs` can reach: all a session using them needs."""
+        reached: set[str] = set()
+        pending = [self.inputs[name].node for name in inputs]
+        while pending:
+            node = pending.pop()
+            if node in reached:
+                continue
+            reached.add(node)
+            pending += [port.node for (source, _), targets in self.routes.items() if source == node for port in targets]
+        return reached
+
 
 class GraphSession:
     def __init__(
@@ -161,8 +173,8 @@ class GraphSession:
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while that input's edge is full."""
         port = self._wiring.inputs.get(input_name)
-        if port is None:
-            raise KeyError(f"graph has no input {input_name!r}")
+        if port is None or port.node not in self._inboxes:
+            raise KeyError(f"graph has no input {input_name!r}" if port is None else f"this session does not use input {input_name!r}")
         if self._closing:
             raise RuntimeError(f"session {self.id} is closed")
         self.last_input_at = time.monotonic()

@@ -174,7 +174,8 @@ class SpeechJob:
     async def open(self) -> None:
         """Open the graph session and send the turn. Raises SessionRejected when full."""
         self._opened_at = time.perf_counter()
-        self._session = await self.service.runtime.open_session(self.id, kind="speech", config={"voice": self.voice})
+        self._session = await self.service.runtime.open_session(self.id, kind="speech", config={"voice": self.voice},
+                                                                inputs=(SPEECH_INPUT,))
         self.service.active_jobs.add(self)
         sampling = {"seed": self.seed} if self.seed is not None else {}
         turn = Turn(

@@ -241,3 +241,23 @@ async def test_a_profile_warmup_runs_one_reply_through_the_graph_before_ready():
     assert runtime.ready
     assert runtime.sessions == {}  # the warm-up session is gone
     await runtime.stop(0)
+
+
+async def test_a_session_opens_only_the_nodes_its_inputs_reach():
+    profile = relay_sink_profile()
+    profile["inputs"]["direct"] = "sink.audio"
+    runtime = await started(profile)
+    try:
+        direct = await runtime.open_session("direct", inputs=("direct",))
+        both = await runtime.open_session("both")
+        assert runtime.nodes["relay"].opened == ["both"]  # no relay state for a session that skips it
+        await direct.send("direct", chunk(7))
+        assert [m.text for m in await take(direct, 1)] == ["7"]
+        with pytest.raises(KeyError, match="does not use input 'audio'"):
+            await direct.send("audio", chunk(8))
+        await both.send("audio", chunk(9))
+        assert [m.text for m in await take(both, 1)] == ["9"]
+        with pytest.raises(ValueError, match="no input 'nope'"):
+            await runtime.open_session("bad", inputs=("nope",))
+    finally:
+        await runtime.stop()
