@@ -160,7 +160,7 @@ class EngineServer:
                 for op, session_id, payload in await self.link.receive():
                     self._handle(op, session_id, payload)
         except LinkClosed:
-            log.info("engine: the server went away; closing %d sessions", len(self.hosted))
+            log.info("engine: the server closed the link; stopping (%d sessions left)", len(self.hosted))
         finally:
             stats.cancel()
             await self.runtime.stop(0)
@@ -257,7 +257,7 @@ async def _main(fd: int, name: str) -> int:
         runtime = GraphRuntime.from_config(profile, steps, inline_compute=os.environ.get("SGL_OMNI_ENGINE_THREADS") is None)
         await runtime.start()
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
-        log.exception("%s: start failed", name)
+        log.debug("%s: start failed", name, exc_info=exc)  # the server logs the one-line reason
         link.send("failed", "", f"{type(exc).__name__}: {exc}")
         await link.drain()
         return 1
