@@ -38,12 +38,12 @@ from graph.errors import SessionRejected
 from graph.messages import AudioChunk, Close, Control, Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.session import belongs_to
+from graph.runtime import admit
 from graph.spec import GraphSpec, parse_spec, validate_spec
 from graph.wire import CREDIT, Link, LinkClosed
 
 log = logging.getLogger("graph.engines")
 
-SESSION_KINDS = ("realtime", "speech")
 # How long a failed engine waits before it is started again (a crash loop must not spin).
 RESTART_DELAY_S = 1.0
 
@@ -342,26 +342,9 @@ class EngineRuntime:
     async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None,
                            inputs: Collection[str] | None = None) -> RemoteSession:
         """As `GraphRuntime.open_session`: `inputs` (None: all) are the graph inputs it will use."""
-        if kind not in SESSION_KINDS:
-            raise ValueError(f"unknown session kind {kind!r}")
-        if self.shutting_down:
-            raise SessionRejected("server_shutting_down", "The server is shutting down and accepts no new sessions.")
         ready = [engine for engine in self.engines if engine.ready]
-        if not self.started or not ready:
-            raise SessionRejected("server_not_ready", "The server is still loading the model.")
-        if session_id in self.sessions:
-            raise SessionRejected("session_exists", f"Session {session_id!r} already exists.")
-        if self.count(kind) >= self.capacity(kind):
-            if kind == "realtime":
-                raise SessionRejected(
-                    "session_limit_reached",
-                    f"The server already runs its maximum of {self.capacity(kind)} concurrent sessions; try again later.",
-                )
-            raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
+        admit(self, session_id, kind, inputs, loaded=self.started and bool(ready))
         engine = min(ready, key=lambda e: (len(e.sessions), e.index))
-        unknown = sorted(set(inputs or ()) - self._inputs)
-        if unknown:
-            raise ValueError(f"graph has no input {unknown[0]!r}")
         used = frozenset(inputs) if inputs is not None else self._inputs
         session = RemoteSession(session_id, kind, engine, self.limits.edge_capacity, used)
         self.sessions[session_id] = session  # before any await: a concurrent open sees the slot taken

@@ -129,24 +129,8 @@ class GraphRuntime:
                            inputs: Collection[str] | None = None) -> GraphSession:
         """`inputs`: the graph inputs the session will use (None: all); it opens only the nodes
         those reach (a speech request: no VAD, no dialog)."""
-        if kind not in SESSION_KINDS:
-            raise ValueError(f"unknown session kind {kind!r}")
-        if self.shutting_down:
-            raise SessionRejected("server_shutting_down", "The server is shutting down and accepts no new sessions.")
-        if not self.ready or self._wiring is None:
-            raise SessionRejected("server_not_ready", "The server is still loading the model.")
-        if session_id in self.sessions:
-            raise SessionRejected("session_exists", f"Session {session_id!r} already exists.")
-        if self.count(kind) >= self.capacity(kind):
-            if kind == "realtime":
-                raise SessionRejected(
-                    "session_limit_reached",
-                    f"The server already runs its maximum of {self.capacity(kind)} concurrent sessions; try again later.",
-                )
-            raise SessionRejected("speech_capacity_reached", f"The server already serves {self.capacity(kind)} speech requests.")
-        unknown = sorted(set(inputs or ()) - set(self.spec.inputs))
-        if unknown:
-            raise ValueError(f"graph has no input {unknown[0]!r}")
+        admit(self, session_id, kind, inputs, loaded=self.ready and self._wiring is not None)
+        assert self._wiring is not None
         used = self._wiring.reached_from(inputs if inputs is not None else self.spec.inputs)
         session = GraphSession(
             SessionInfo(session_id, kind, config),
@@ -219,6 +203,30 @@ class GraphRuntime:
                 elif now - session.last_input_at > self.limits.idle_timeout_s and session.open_replies == 0:
                     await session.close("idle_timeout")
             session = None  # an ended session must not stay reachable from the sleeping reaper
+
+
+def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:
+    """Raise why `runtime` (a GraphRuntime or an EngineRuntime) cannot open this session now:
+    SessionRejected with the code a client sees, or ValueError for a caller's mistake."""
+    if kind not in SESSION_KINDS:
+        raise ValueError(f"unknown session kind {kind!r}")
+    unknown = sorted(set(inputs or ()) - set(runtime.spec.inputs))
+    if unknown:
+        raise ValueError(f"graph has no input {unknown[0]!r}")
+    if runtime.shutting_down:
+        raise SessionRejected("server_shutting_down", "The server is shutting down and accepts no new sessions.")
+    if not loaded:
+        raise SessionRejected("server_not_ready", "The server is still loading the model.")
+    if session_id in runtime.sessions:
+        raise SessionRejected("session_exists", f"Session {session_id!r} already exists.")
+    capacity = runtime.capacity(kind)
+    if runtime.count(kind) >= capacity:
+        if kind == "realtime":
+            raise SessionRejected(
+                "session_limit_reached",
+                f"The server already runs its maximum of {capacity} concurrent sessions; try again later.",
+            )
+        raise SessionRejected("speech_capacity_reached", f"The server already serves {capacity} speech requests.")
 
 
 def _reason_label(reason: str | None) -> str:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os

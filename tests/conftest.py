@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -79,3 +83,32 @@ async def http_client(server: RunningServer, api_key: str | None = None) -> Asyn
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=30) as client:
         yield client
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def serve_process(config: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    """`sgl-omni serve --config CONFIG` as a child process, healthy on 127.0.0.1:PORT; killed after
+    the block if it is still running (a test that stops it itself reads its output)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError("server never became healthy")
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -164,7 +164,6 @@ def tiny_config(scale: int = 1):
     heads, MoE sizes and layer counts grow `scale` times (head_dim, vocabularies, the encoders'
     own widths and code2wav stay as they are). scale=8: a 16-layer, ~38 M-parameter thinker.
     """
-    from transformers import Qwen3OmniMoeConfig
 
     if scale < 1:
         raise ValueError("scale must be >= 1")
@@ -286,6 +285,14 @@ def tiny_config(scale: int = 1):
         "max_position_embeddings": 8000,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }
+    return omni_config(thinker, talker, code2wav)
+
+
+def omni_config(thinker: dict, talker: dict, code2wav: dict):
+    """A `Qwen3OmniMoeConfig` of these parts, with the chat-format ids of this tokenizer."""
+    from transformers import Qwen3OmniMoeConfig
+
+    ids = _token_ids()
     return Qwen3OmniMoeConfig(
         thinker_config=thinker,
         talker_config=talker,

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.qwen3_omni.checkpoint import SPEAKERS, _token_ids
+from nodes.qwen3_omni.checkpoint import SPEAKERS, _token_ids, omni_config
 
 PRESETS = ("qwen3-omni-30b-a3b",)
 
 
 def qwen3_omni_30b_a3b_config(shrink: int = 1):
-    from transformers import Qwen3OmniMoeConfig
-
     if shrink < 1:
         raise ValueError("shrink must be >= 1")
 
@@ -155,20 +153,7 @@ def qwen3_omni_30b_a3b_config(shrink: int = 1):
         "max_position_embeddings": 8000,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }
-    return Qwen3OmniMoeConfig(
-        thinker_config=thinker,
-        talker_config=talker,
-        code2wav_config=code2wav,
-        enable_audio_output=True,
-        im_start_token_id=ids["<|im_start|>"],
-        im_end_token_id=ids["<|im_end|>"],
-        tts_pad_token_id=ids["<tts_pad>"],
-        tts_bos_token_id=ids["<tts_text_bos>"],
-        tts_eos_token_id=ids["<tts_text_eod>"],
-        system_token_id=ids["system"],
-        user_token_id=ids["user"],
-        assistant_token_id=ids["assistant"],
-    )
+    return omni_config(thinker, talker, code2wav)
 
 
 def build_random_model(preset: str, *, shrink: int = 1, device: str = "cpu", dtype: Any = None, seed: int = 0):

@@ -9,21 +9,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import psutil
 import websockets
 import yaml
 
-from tests.conftest import free_port, running_server
+from tests.conftest import free_port, running_server, serve_process
 from tests.realtime.client import RawClient, sdk_client, until
 from tests.realtime.fakes import realtime_profile
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def engine_profile(engines: int = 1, **reply) -> dict:
@@ -108,21 +103,7 @@ def test_sigterm_lets_a_live_reply_in_an_engine_finish_then_exits_zero(tmp_path)
     config = tmp_path / "engine.yaml"
     config.write_text(yaml.safe_dump(engine_profile(words=10, delay_s=0.1)))
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("server never became healthy")
+    with serve_process(config, port) as process:
         engine_pids = [child.pid for child in psutil.Process(process.pid).children()]
         assert len(engine_pids) == 1
 
@@ -137,10 +118,6 @@ def test_sigterm_lets_a_live_reply_in_an_engine_finish_then_exits_zero(tmp_path)
 
         events = asyncio.run(reply_through_shutdown())
         output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     done = [e for e in events if e["type"] == "response.done"]
     assert [d["response"]["status"] for d in done] == ["completed"]
     assert sum(1 for e in events if e["type"] == "response.output_audio.delta") == 9  # the other 9 words' audio

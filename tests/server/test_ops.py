@@ -1,17 +1,14 @@
 """Operations routes: health, models, metrics, API keys, startup failure, SIGTERM."""
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import yaml
 
-from tests.conftest import free_port, http_client, running_server
+from tests.conftest import free_port, http_client, running_server, serve_process
 from tests.graph.fakes import chunk, relay_sink_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,28 +111,9 @@ def test_cli_rejects_an_invalid_profile_before_opening_the_port(tmp_path):
 def test_sigterm_drains_and_exits_zero(tmp_path):
     config = tmp_path / "ok.yaml"
     config.write_text(yaml.safe_dump(relay_sink_profile()))
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("server never became healthy")
+    with serve_process(config, free_port()) as process:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == 0
     assert "shutdown requested" in output
     assert "profile" in output and "validated" in output and "ready in" in output
