@@ -254,7 +254,7 @@ async def _main(fd: int, name: str) -> int:
     steps = _StepTimes()
     started = time.perf_counter()
     try:
-        runtime = GraphRuntime.from_config(profile, steps, inline_compute=os.environ.get("SGL_OMNI_ENGINE_THREADS") is None)
+        runtime = GraphRuntime.from_config(profile, steps, inline_compute=True)
         await runtime.start()
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         log.debug("%s: start failed", name, exc_info=exc)  # the server logs the one-line reason
@@ -274,8 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.environ.get("SGL_OMNI_SWITCH_INTERVAL"):
-        sys.setswitchinterval(float(os.environ["SGL_OMNI_SWITCH_INTERVAL"]))
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {args.name} %(name)s: %(message)s")
     # The stock loop, not uvloop: the inline compute pool reads what the loop is about to run
