@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import copy
 import logging
 import socket
 import subprocess
@@ -33,14 +32,13 @@ import time
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
-from graph import registry
 from graph.errors import SessionRejected
 from graph.messages import AudioChunk, Close, Control, Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.session import belongs_to
-from graph.runtime import admit
-from graph.spec import GraphSpec, parse_spec, validate_spec
-from graph.wire import CREDIT, Link, LinkClosed
+from graph.runtime import admit, validated_spec
+from graph.spec import GraphSpec
+from graph.wire import CREDIT, Link, LinkClosed, Window
 
 log = logging.getLogger("graph.engines")
 
@@ -54,17 +52,13 @@ class RemoteSession:
         self.kind = kind
         self.engine = engine
         # Inputs in flight per graph input (each has its own window, as each has its own edge).
-        self._input_credit = dict.fromkeys(inputs, input_window)
-        self._room = asyncio.Event()
-        self._room.set()
+        self._input_windows = {name: Window(input_window) for name in inputs}
         self._output: collections.deque[Message] = collections.deque()
         self._has_output = asyncio.Event()
         self._closing = False
         self.ended = asyncio.Event()
         self.end_reason: str | None = None
         self.error: tuple[str, str] | None = None
-        self.started_at = time.monotonic()
-        self.queue_depth = 0
 
     @property
     def failed(self) -> bool:
@@ -72,17 +66,15 @@ class RemoteSession:
 
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while the session's input window is full."""
-        if input_name not in self._input_credit:
+        window = self._input_windows.get(input_name)
+        if window is None:
             raise KeyError(f"this session does not use input {input_name!r}")
-        while self._input_credit[input_name] <= 0 and not self.ended.is_set():
-            self._room.clear()
-            await self._room.wait()
+        await window.take()  # once the session has ended, every window is wide open
         if self._closing or self.ended.is_set():
             raise RuntimeError(f"session {self.id} is closed")
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the engine
-        self._input_credit[input_name] -= 1
         self.engine.link.send("send", self.id, (input_name, message))
 
     def control(self, control: Control) -> None:
@@ -128,8 +120,7 @@ class RemoteSession:
         self._has_output.set()
 
     def _credited(self, input_name: str, n: int) -> None:
-        self._input_credit[input_name] += n
-        self._room.set()
+        self._input_windows[input_name].give(n)
 
     def _end(self, reason: str | None, error: tuple[str, str] | None) -> None:
         if self.ended.is_set():
@@ -137,7 +128,8 @@ class RemoteSession:
         self.end_reason = reason or "closed"
         self.error = error
         self.ended.set()
-        self._room.set()
+        for window in self._input_windows.values():
+            window.open_wide()
         self._has_output.set()
 
 
@@ -156,7 +148,6 @@ class EngineHandle:
         self.queue_depths: dict[str, int] = {}
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._drained: asyncio.Future[None] | None = None
-        self.reader: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -175,7 +166,7 @@ class EngineHandle:
         finally:
             child.close()
         self.link = await Link.over(parent)
-        self.link.send("start", "", {"profile": copy.deepcopy(profile), "device": self.device})
+        self.link.send("start", "", {"profile": profile, "device": self.device})  # pickled: a copy
         try:
             records = await self.link.receive()
         except LinkClosed:
@@ -278,10 +269,7 @@ class EngineRuntime:
     @classmethod
     def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None, log_level: str = "info") -> EngineRuntime:
         """Parse and validate the profile here, before any engine starts (a bad one fails fast)."""
-        spec = parse_spec(profile)
-        registry.import_modules(spec.imports)
-        validate_spec(spec)
-        return cls(spec, profile, metrics, log_level)
+        return cls(validated_spec(profile), profile, metrics, log_level)
 
     @property
     def model_id(self) -> str:

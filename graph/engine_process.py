@@ -29,11 +29,9 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
-import time
 from typing import Any
 
 from graph.errors import SessionRejected
@@ -41,35 +39,11 @@ from graph.messages import Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.runtime import GraphRuntime
 from graph.session import GraphSession, belongs_to
-from graph.wire import CREDIT, Link, LinkClosed
+from graph.wire import CREDIT, Link, LinkClosed, Window
 
 log = logging.getLogger("graph.engine")
 
 STATS_INTERVAL_S = 0.5
-
-
-class Window:
-    """At most `size` messages in flight; `take` waits for room, `give` returns it."""
-
-    def __init__(self, size: int):
-        self._free = size
-        self._room = asyncio.Event()
-        self._room.set()
-
-    async def take(self) -> None:
-        while self._free <= 0:
-            self._room.clear()
-            await self._room.wait()
-        self._free -= 1
-
-    def give(self, n: int) -> None:
-        self._free += n
-        if self._free > 0:
-            self._room.set()
-
-    def open_wide(self) -> None:
-        """No more limit (the reader is going away and will not return credit)."""
-        self.give(1 << 30)
 
 
 class _StepTimes(GraphMetrics):
@@ -229,19 +203,9 @@ def apply_device(profile: dict[str, Any], device: str | None) -> None:
 
 def resource_facts(runtime: GraphRuntime) -> dict[str, dict[str, Any]]:
     """What the server may read of each loaded resource without holding it (plain values only):
-    the speakers a model offers, its default one and its output sample rate."""
-    facts = {}
-    for name, resource in runtime.resources.items():
-        speakers = tuple(getattr(resource, "speakers", None) or ())
-        if not speakers:
-            talker_config = getattr(getattr(resource, "config", None), "talker_config", None)
-            speakers = tuple(s.lower() for s in (getattr(talker_config, "speaker_id", None) or ()))
-        facts[name] = {
-            "speakers": speakers,
-            "default_speaker": getattr(resource, "default_speaker", None),
-            "output_sample_rate": getattr(resource, "output_sample_rate", None),
-        }
-    return facts
+    the attributes the speech service reads (session_server/speech/service.py)."""
+    names = ("speakers", "default_speaker", "output_sample_rate")
+    return {name: {attr: getattr(resource, attr, None) for attr in names} for name, resource in runtime.resources.items()}
 
 
 async def _main(fd: int, name: str) -> int:
@@ -252,7 +216,6 @@ async def _main(fd: int, name: str) -> int:
     profile = start["profile"]
     apply_device(profile, start.get("device"))
     steps = _StepTimes()
-    started = time.perf_counter()
     try:
         runtime = GraphRuntime.from_config(profile, steps, inline_compute=True)
         await runtime.start()
@@ -261,8 +224,7 @@ async def _main(fd: int, name: str) -> int:
         link.send("failed", "", f"{type(exc).__name__}: {exc}")
         await link.drain()
         return 1
-    log.info("%s: ready in %.2fs (pid %d)", name, time.perf_counter() - started, os.getpid())
-    link.send("ready", "", {"resources": resource_facts(runtime), "pid": os.getpid()})
+    link.send("ready", "", {"resources": resource_facts(runtime)})  # the server logs the time
     await EngineServer(link, runtime, steps).serve()
     return 0
 

@@ -53,10 +53,7 @@ class GraphRuntime:
     def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None,
                     inline_compute: bool = False) -> GraphRuntime:
         """Parse a profile and validate it fully (types, streams, cycles) before anything loads."""
-        spec = parse_spec(profile)
-        registry.import_modules(spec.imports)
-        validate_spec(spec)
-        return cls(spec, metrics, inline_compute)
+        return cls(validated_spec(profile), metrics, inline_compute)
 
     @property
     def model_id(self) -> str:
@@ -203,6 +200,14 @@ class GraphRuntime:
                 elif now - session.last_input_at > self.limits.idle_timeout_s and session.open_replies == 0:
                     await session.close("idle_timeout")
             session = None  # an ended session must not stay reachable from the sleeping reaper
+
+
+def validated_spec(profile: dict[str, Any]) -> GraphSpec:
+    """A profile parsed and validated fully (types, streams, cycles): its node modules imported."""
+    spec = parse_spec(profile)
+    registry.import_modules(spec.imports)
+    validate_spec(spec)
+    return spec
 
 
 def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:

@@ -92,29 +92,36 @@ class Wiring:
     routes: dict[tuple[str, str], tuple[Port, ...]]
     outputs: frozenset[tuple[str, str]]
     inputs: dict[str, Port]
+    # The nodes that messages put into each input can reach.
+    reach: dict[str, frozenset[str]]
 
     @classmethod
     def from_spec(cls, spec: GraphSpec) -> Wiring:
         routes: dict[tuple[str, str], list[Port]] = {}
         for edge in spec.edges:
             routes.setdefault((edge.source.node, edge.source.stream), []).append(edge.target)
+        downstream: dict[str, set[str]] = {}
+        for edge in spec.edges:
+            downstream.setdefault(edge.source.node, set()).add(edge.target.node)
+
+        def reach(node: str) -> frozenset[str]:
+            reached, pending = set(), [node]
+            while pending:
+                if (current := pending.pop()) not in reached:
+                    reached.add(current)
+                    pending += downstream.get(current, ())
+            return frozenset(reached)
+
         return cls(
             routes={key: tuple(targets) for key, targets in routes.items()},
             outputs=frozenset((port.node, port.stream) for port in spec.outputs),
             inputs=dict(spec.inputs),
+            reach={name: reach(port.node) for name, port in spec.inputs.items()},
         )
 
-    def reached_from(self, inputs: Collection[str]) -> set[str]:
+    def reached_from(self, inputs: Collection[str]) -> frozenset[str]:
         """The nodes that messages put into `inputs` can reach: all a session using them needs."""
-        reached: set[str] = set()
-        pending = [self.inputs[name].node for name in inputs]
-        while pending:
-            node = pending.pop()
-            if node in reached:
-                continue
-            reached.add(node)
-            pending += [port.node for (source, _), targets in self.routes.items() if source == node for port in targets]
-        return reached
+        return frozenset().union(*(self.reach[name] for name in inputs))
 
 
 class GraphSession:
@@ -298,10 +305,11 @@ class GraphSession:
         return emit
 
     def _count_reply_request(self, message: Message) -> None:
-        if isinstance(message, Turn) and message.awaited:
+        if not isinstance(message, Turn):
+            return
+        if message.awaited or message.reply is not None:
             self.playback.reply_requested()
-        if isinstance(message, Turn) and message.reply is not None:
-            self.playback.reply_requested()
+        if message.reply is not None:
             self.open_replies += 1
             self.turns += 1
             self._replies_done.clear()

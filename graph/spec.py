@@ -89,7 +89,7 @@ class GraphSpec:
     # session.py PlaybackClock); null: as fast as the worker can (work-conserving).
     compute_lookahead_s: float | None = DEFAULT_LOOKAHEAD_MS / 1000.0
     # `compute: {engines: N}`: engine processes that run the graph, sessions spread across them
-    # (graph/engine.py); 0 runs it in the server's own process. `sgl-omni serve` reads this.
+    # (graph/engine_client.py); 0 runs it in the server's own process. `sgl-omni serve` reads this.
     compute_engines: int = DEFAULT_ENGINES
     # `compute: {devices: [...]}`: one device per engine (e.g. cuda:0, cuda:1), replacing the
     # `device` param of every resource that has one in that engine; empty: as the profile says.

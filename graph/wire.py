@@ -30,6 +30,30 @@ _LENGTH = struct.Struct("!I")
 CREDIT = "credit"
 
 
+class Window:
+    """At most `size` messages in flight; `take` waits for room, `give` returns it."""
+
+    def __init__(self, size: int):
+        self._free = size
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def take(self) -> None:
+        while self._free <= 0:
+            self._room.clear()
+            await self._room.wait()
+        self._free -= 1
+
+    def give(self, n: int) -> None:
+        self._free += n
+        if self._free > 0:
+            self._room.set()
+
+    def open_wide(self) -> None:
+        """No more limit (the other end is going away and will not return credit; waiters wake)."""
+        self.give(1 << 30)
+
+
 class LinkClosed(Exception):
     """The other end went away (its process ended or closed the socket)."""
 

@@ -67,8 +67,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     from configs import ProfileError, load_profile, override_model_path
     from graph.engine_client import EngineRuntime
-    from graph.runtime import GraphRuntime
-    from graph.spec import GraphConfigError, parse_spec
+    from graph.runtime import GraphRuntime, validated_spec
+    from graph.spec import GraphConfigError
 
     started = time.perf_counter()
     try:
@@ -81,10 +81,8 @@ def serve(args: argparse.Namespace) -> int:
         from session_server.metrics import ServerMetrics
 
         metrics = ServerMetrics()
-        if parse_spec(profile).compute_engines >= 1:
-            runtime = EngineRuntime.from_config(profile, metrics, args.log_level)
-        else:
-            runtime = GraphRuntime.from_config(profile, metrics)
+        spec = validated_spec(profile)
+        runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
     except (ProfileError, GraphConfigError) as exc:
         log.error("invalid profile: %s", exc)
         return 2
