@@ -8,8 +8,8 @@ write and one read, not one per message.
 Flow control is per stream of messages and counted in messages: `credit(key)` tallies a
 message the receiver has taken off its hands (key: a session id for its outputs, or (session
 id, input) for one of its inputs), and the tallies ride out with the next frame as one
-`("credit", "", {key: n})` record. A sender keeps at most a window of messages in flight
-per session (graph/engine.py), so neither side's buffers grow with a slow reader.
+`("credit", "", {key: n})` record. A sender keeps at most a `Window` of messages in flight
+per stream, so neither side's buffers grow with a slow reader.
 
 Pickle, not a schema codec: both ends are this program (the engine is our own child process),
 and graph messages carry numpy arrays and nested msgspec structs (`Command.args` holds a
