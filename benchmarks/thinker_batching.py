@@ -42,14 +42,15 @@ def _load(scale: int) -> Any:
 
 def _sessions(omni: Any, count: int, tokens: int) -> list[Any]:
     from nodes.qwen3_omni.inputs import build_turn_inputs
-    from nodes.qwen3_omni.thinker_engine import ThinkerSession
+    from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerSession
 
     sessions = []
     for index in range(count):
         words = 8 + (index * 37) % 118  # prefixes of different lengths, ~60..800 tokens
         text = " ".join(f"word{(index + w) % 97}" for w in range(words))
         turn = build_turn_inputs(omni, system_prompt="You are terse.", text=text, add_generation_prompt=True)
-        session = ThinkerSession(omni, max_reply_tokens=tokens + 1, max_seq_len=4096)
+        # ignore_eos: every session decodes all `tokens` (the tiny model ends its replies after 11).
+        session = ThinkerSession(omni, Sampling(ignore_eos=True), max_reply_tokens=tokens + 1, max_seq_len=4096)
         session.prefill(turn.tensors())
         sessions.append(session)
     return sessions

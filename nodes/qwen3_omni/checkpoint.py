@@ -5,7 +5,7 @@ It is the embedded default model and the test fixture. It is a real `Qwen3OmniMo
 tokenizer (built with `tokenizers`), a chat template and a generation config, so that loading it
 goes through exactly the `from_pretrained` path a real checkpoint takes.
 
-    build_tiny_checkpoint(out_dir, seed=0) -> Path     # always builds (well under a second)
+    build_tiny_checkpoint(out_dir, seed=0) -> Path     # always builds (2-4 s on one core: the training)
     ensure_tiny_checkpoint(cache_dir=None) -> Path     # builds once into a cache dir, then reuses it
     make_tiny_checkpoint_main(argv) -> int             # `sgl-omni make-tiny-checkpoint DIR [--seed N]`
 
@@ -14,14 +14,20 @@ Token layout of the tiny vocabulary (the ids are in `config.json`, read them fro
   256..271  BPE merges that make `system`, `user`, `assistant` single tokens, as in the real
             vocabulary (the talker splits the assistant header `<|im_start|>assistant\\n` as
             exactly three tokens)
-  272..     the special tokens of Qwen3-Omni's chat format (`SPECIAL_TOKENS`)
+  272..     the special tokens of Qwen3-Omni's chat format (`SPECIAL_TOKENS`), then the
+            tool-call markers (`TOOL_TOKENS`, added but not special, as in the real vocabulary)
 
 Talker vocabulary: codec codes 0..codebook_size-1, then 1024 ids of codec specials whose offsets
 from `codebook_size` mirror the real checkpoint (pad +100, bos +101, eos +102, nothink +107,
 think_bos +108, think_eos +109) and the speakers (`SPEAKERS`, +253..+255).
 
-Random weights never choose EOS on purpose, so a reply is bounded by the serving config
-(`max_reply_tokens`, talker frames), not by anything in this checkpoint.
+Weights: seeded random, shaped by `_shape_random_weights` (printable text only, a talker that never
+picks codec EOS, audible code2wav). At scale 1 the thinker is then trained for a few seconds on
+a synthetic corpus (brief_replies.py), so that greedy decoding answers every turn, spoken or
+written, with `brief_replies.REPLY` ("Okay, sure!", 11 tokens) and `<|im_end|>`: a reply ends
+`completed` on its own, as with a real checkpoint. Its audio still ends by the serving config
+(`max_frames_per_token`: frames per reply token once the text has ended), since the talker stays
+random. Larger scales (benchmarks) stay random: their replies run to `max_reply_tokens`.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# Bump when the layout or sizes change: the cache dir is keyed by it.
-TINY_CHECKPOINT_VERSION = "tiny-qwen3-omni-v1"
+# Bump when the layout, the sizes or the weights' recipe change: the cache dir is keyed by it.
+# v2: tool-call tokens; v3: the thinker is taught brief replies that end on EOS.
+TINY_CHECKPOINT_VERSION = "tiny-qwen3-omni-v3"
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -53,6 +60,10 @@ SPECIAL_TOKENS = (
     "<tts_text_eod>",
     "<tts_text_bos_single>",
 )
+
+# Qwen3's tool-call markers: added tokens but not special ones (as in the real vocabulary), so
+# they survive decoding and `split_special_tokens` leaves them whole.
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 # The roles are BPE words built from bytes (not added tokens), so `user` inside ordinary text is
 # also one token, as with the real tokenizer.
@@ -107,7 +118,7 @@ def _token_ids() -> dict[str, int]:
             if prefix not in ids:
                 ids[prefix] = next_id
                 next_id += 1
-    for token in SPECIAL_TOKENS:
+    for token in SPECIAL_TOKENS + TOOL_TOKENS:
         ids[token] = next_id
         next_id += 1
     assert next_id <= THINKER_VOCAB_SIZE
@@ -135,7 +146,8 @@ def _build_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    for token in SPECIAL_TOKENS:
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    for token in SPECIAL_TOKENS + TOOL_TOKENS:
         assert tokenizer.token_to_id(token) == ids[token], token
 
     return PreTrainedTokenizerFast(
@@ -310,9 +322,12 @@ def omni_config(thinker: dict, talker: dict, code2wav: dict):
 
 
 def tiny_model(seed: int = 0, scale: int = 1):
-    """The tiny model in memory: seeded random weights, shaped by `_shape_random_weights`."""
+    """The tiny model in memory: seeded random weights, shaped by `_shape_random_weights`; at
+    scale 1 the thinker is then taught to answer briefly and stop (brief_replies.py)."""
     import torch
-    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+
+    from nodes.qwen3_omni.brief_replies import teach_brief_replies
 
     ids = _token_ids()
     with torch.random.fork_rng(devices=[]):
@@ -321,6 +336,9 @@ def tiny_model(seed: int = 0, scale: int = 1):
         model.eval()
         with torch.no_grad():
             _shape_random_weights(model, ids)
+        if scale == 1:
+            features = WhisperFeatureExtractor(**{k: v for k, v in _preprocessor_config().items() if k in _WHISPER_KEYS})
+            teach_brief_replies(model, _build_tokenizer(), ids, features, seed, DEFAULT_SYSTEM_PROMPT)
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
@@ -398,6 +416,9 @@ def _shape_random_weights(model, ids: dict[str, int]) -> None:
     handle.remove()
     scale = 0.1 / float(captured[0].std())
     final.weight.mul_(scale)
+
+
+_WHISPER_KEYS = ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value")
 
 
 def _preprocessor_config() -> dict:
