@@ -8,9 +8,10 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first, from the CPU wheel (never let the resolver pick a CUDA build).
-	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	# torch first, as the CPU wheel from PyTorch's CPU index (scripts/install-torch.sh says when
+	# it cannot); then the rest, which finds torch already satisfied. Progress is shown.
+	bash scripts/install-torch.sh $(BIN)/pip
+	$(BIN)/pip install --progress-bar on -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -19,8 +20,9 @@ serve: $(STAMP)
 	$(BIN)/sgl-omni serve --enable-realtime $(ARGS)
 
 test: $(STAMP)
-	bash scripts/install-test-deps.sh
+	bash scripts/install-test-deps.sh  # espeak-ng (and chromium for the browser test) from apt, saying so
+	PYTHON=$(PYTHON) bash scripts/install-framework-clients.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .venv-frameworks .cache
