@@ -9,6 +9,7 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup-browser: cannot install chromium here (needs root and apt-get); the browser test will be skipped" >&2
   exit 0
 fi
+echo "setup-browser: installing chromium with apt-get (for the browser test)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends chromium >/dev/null || {

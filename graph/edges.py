@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from graph.background import spawn
+
 T = TypeVar("T")
 
 
@@ -70,13 +72,13 @@ class Inbox(Generic[T]):
         if dropped:
             self._items.clear()
             self._items.extend(kept)
-            asyncio.get_running_loop().create_task(self._notify())
+            spawn(self._notify())
         return dropped
 
     def close(self) -> None:
         """Refuse further puts; queued items can still be taken, then `get` raises InboxClosed."""
         self._closed = True
-        asyncio.get_running_loop().create_task(self._notify())
+        spawn(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -36,7 +36,7 @@ from graph.errors import SessionRejected
 from graph.messages import AudioChunk, Close, Control, Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.session import belongs_to
-from graph.runtime import admit, validated_spec
+from graph.runtime import admit, validated_spec, wait_for_slot
 from graph.spec import GraphSpec
 from graph.wire import CREDIT, Link, LinkClosed, Window
 
@@ -330,6 +330,7 @@ class EngineRuntime:
     async def open_session(self, session_id: str, kind: str = "realtime", config: dict[str, Any] | None = None,
                            inputs: Collection[str] | None = None) -> RemoteSession:
         """As `GraphRuntime.open_session`: `inputs` (None: all) are the graph inputs it will use."""
+        await wait_for_slot(self, kind)
         ready = [engine for engine in self.engines if engine.ready]
         admit(self, session_id, kind, inputs, loaded=self.started and bool(ready))
         engine = min(ready, key=lambda e: (len(e.sessions), e.index))

@@ -34,6 +34,7 @@ import socket
 import sys
 from typing import Any
 
+from graph.background import spawn
 from graph.errors import SessionRejected
 from graph.messages import Interrupt, Message
 from graph.metrics import GraphMetrics
@@ -156,13 +157,13 @@ class EngineServer:
                 if (target := self.hosted.get(credited_id)) is not None:
                     target.outputs.give(n)
         elif op == "open":
-            asyncio.create_task(self._open(session_id, *payload))
+            spawn(self._open(session_id, *payload), name=f"{session_id}:open")
         elif op == "close":
             if hosted is not None:
                 hosted.outputs.open_wide()
-                asyncio.create_task(hosted.session.close(payload))
+                spawn(hosted.session.close(payload), name=f"{session_id}:close")
         elif op == "drain":
-            asyncio.create_task(self._drain(payload))
+            spawn(self._drain(payload), name="engine-drain")
         else:
             log.error("engine: unknown record %r", op)
 

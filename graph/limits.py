@@ -32,6 +32,16 @@ class SessionLimits:
     # On SIGTERM, in-flight replies get this long to finish before sessions are closed with
     # reason `server_shutdown`.
     shutdown_grace_s: float = 10.0
+    # One text a realtime client sends the model (a message item's text, a function output,
+    # `instructions`): past it the event gets `error` `text_too_long` and changes nothing. The
+    # server counts UTF-8 bytes, never fewer than a byte-level BPE's tokens. Bounds one turn's prefill.
+    max_text_tokens: int = 16384
+    # One input image's pixels, read from its header before any decode: past it `invalid_image`.
+    # Cost of a decoded image: 3-4 bytes a pixel (64 MiB at the default 4096x4096).
+    max_image_pixels: int = 4096 * 4096
+    # One HTTP request body (the server's ASGI layer; a voice upload has its own bound): past it
+    # 413 `request_too_large`, before the body is read.
+    max_request_bytes: int = 4 * 1024 * 1024
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SessionLimits:

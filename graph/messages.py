@@ -65,6 +65,11 @@ class ReplyParams(msgspec.Struct, kw_only=True):
     # `conversation: "none"`: answer out of band, leave no trace in the session's history.
     out_of_band: bool = False
     sampling: dict[str, Any] = {}
+    # Function tools ({type, name, description, parameters}) the reply may call, and how:
+    # "auto" | "none" | "required" | {"type": "function", "name": ...}.
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, str] = "auto"
+    parallel_tool_calls: bool = True
 
 
 class Turn(Message, kw_only=True):
@@ -74,6 +79,7 @@ class Turn(Message, kw_only=True):
     conversation holds so far (including this turn). A turn with no content and a reply is a
     plain `response.create`. `role="assistant"` with `text` and `speak=True` is a stateless
     speech request: the reply is exactly `text`, spoken (teacher-forced, no sampling).
+    `instructions` (and `tools`) make the system prompt the history starts with from this turn on.
     """
 
     item_id: str = ""
@@ -84,9 +90,25 @@ class Turn(Message, kw_only=True):
     reply: ReplyParams | None = None
     speak: bool = False
     instructions: str | None = None
+    # The session's function tools: with `instructions`, they make the system prompt.
+    tools: tuple[dict[str, Any], ...] = ()
+    # Role "tool": a function's output for `call_id` (text); role "assistant" with `call` set: a
+    # function call ({name, arguments, call_id}) the client added to the conversation.
+    call: dict[str, Any] | None = None
+    # Edits of the model's history; the thinker rebuilds its KV from the first changed position
+    # (nodes/qwen3_omni/thinker_history.py). A history key is an item id; a reply's is its response id.
+    # insert_after: None = at the end; else the keys of the items before this one, nearest first:
+    # it goes after the first of them the model holds (first, after the system prompt, if none).
+    insert_after: list[str] | None = None
+    # A turn without content that removes the item with this history key from the model's history.
+    delete_key: str | None = None
     # A reply to this turn follows at once (server VAD that creates responses): its listener is
     # waiting from now, so the turn's compute is as urgent as the reply's (graph/session.py).
     awaited: bool = False
+    # Transcribe this turn's audio once it is in the model's history ({language, prompt,
+    # keep_in_history}; None: no transcript): an out-of-band pass of the thinker
+    # (nodes/qwen3_omni/transcription.py) that reports `transcription_*` NodeEvents.
+    transcribe: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- model side
@@ -114,6 +136,16 @@ class TextDelta(Message, kw_only=True):
     response_id: str = ""
     text: str
     token_ids: tuple[int, ...] = ()
+
+
+class FunctionCall(Message, kw_only=True):
+    """A function call the reply made, whole: `arguments` is JSON text valid under the tool's schema
+    (decoding was constrained to it). `index` counts the reply's calls from 0."""
+
+    response_id: str = ""
+    index: int = 0
+    name: str
+    arguments: str
 
 
 class HiddenChunk(Message, kw_only=True):
@@ -227,6 +259,7 @@ DATA_TYPES: dict[str, type[Message]] = {
         Features,
         Embeddings,
         TextDelta,
+        FunctionCall,
         HiddenChunk,
         CodecFrames,
         AudioOut,

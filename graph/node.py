@@ -74,6 +74,9 @@ class Node(abc.ABC):
     # when the session's listener would run out of reply audio, or has been waiting since its
     # turn ended, not when it is submitted (graph/executor.py, graph/session.py PlaybackClock).
     follows_playback: ClassVar[bool] = False
+    # The typed schema of the profile's `params` for this node (graph/schema.py), checked with the
+    # whole profile before anything loads; None: unchecked (test fakes).
+    params_schema: ClassVar[type | None] = None
 
     def __init__(self, name: str, params: dict[str, Any], context: NodeContext):
         self.name = name

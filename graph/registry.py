@@ -16,6 +16,8 @@ _NODES: dict[str, type[Node]] = {}
 # A resource factory is called once at startup with its params and returns the shared object
 # (a loaded model, say). It runs in a worker thread, so it may block.
 _RESOURCES: dict[str, Callable[[dict[str, Any]], Any]] = {}
+# The typed schema of a resource type's `params` (graph/schema.py), where its module gives one.
+_RESOURCE_SCHEMAS: dict[str, type] = {}
 
 
 def register_node(type_name: str) -> Callable[[type[Node]], type[Node]]:
@@ -29,9 +31,11 @@ def register_node(type_name: str) -> Callable[[type[Node]], type[Node]]:
     return register
 
 
-def register_resource(type_name: str) -> Callable[[Callable[[dict[str, Any]], Any]], Callable[[dict[str, Any]], Any]]:
+def register_resource(type_name: str, params: type | None = None) -> Callable[[Callable[[dict[str, Any]], Any]], Callable[[dict[str, Any]], Any]]:
     def register(factory: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
         _RESOURCES[type_name] = factory
+        if params is not None:
+            _RESOURCE_SCHEMAS[type_name] = params
         return factory
 
     return register
@@ -43,6 +47,10 @@ def node_class(type_name: str) -> type[Node] | None:
 
 def resource_factory(type_name: str) -> Callable[[dict[str, Any]], Any] | None:
     return _RESOURCES.get(type_name)
+
+
+def resource_params_schema(type_name: str) -> type | None:
+    return _RESOURCE_SCHEMAS.get(type_name)
 
 
 def node_types() -> list[str]:

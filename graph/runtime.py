@@ -6,8 +6,9 @@ reports ready. Each stage is logged with its duration, so someone waiting on a l
 sees progress.
 
 Admission: live (`realtime`) sessions are capped by `limits.effective_max_sessions`; stateless
-speech requests (`speech`) by `limits.max_speech_sessions`. Past either, `open_session` raises
-`SessionRejected` and nothing is allocated.
+speech requests (`speech`) by `limits.max_speech_sessions`. Past either, `open_session` waits up
+to `SLOT_WAIT_S` (1 s) for a closing session to free its slot, then raises `SessionRejected` and
+nothing is allocated.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class GraphRuntime:
                            inputs: Collection[str] | None = None) -> GraphSession:
         """`inputs`: the graph inputs the session will use (None: all); it opens only the nodes
         those reach (a speech request: no VAD, no dialog)."""
+        await wait_for_slot(self, kind)
         admit(self, session_id, kind, inputs, loaded=self.ready and self._wiring is not None)
         assert self._wiring is not None
         used = self._wiring.reached_from(inputs if inputs is not None else self.spec.inputs)
@@ -208,6 +210,21 @@ def validated_spec(profile: dict[str, Any]) -> GraphSpec:
     registry.import_modules(spec.imports)
     validate_spec(spec)
     return spec
+
+
+# How long an open waits for a slot when the server is full. A client that closes and reconnects
+# at once must get its slot back: its old session ends a few ms after the close reaches the
+# transport (and, with engines, once the engine has freed its KV row), not before the reconnect.
+SLOT_WAIT_S = 1.0
+
+
+async def wait_for_slot(runtime: Any, kind: str) -> None:
+    """Return once `runtime` has a free slot of `kind`, or after SLOT_WAIT_S (then `admit` refuses)."""
+    if kind not in SESSION_KINDS or runtime.count(kind) < runtime.capacity(kind):
+        return
+    deadline = time.monotonic() + SLOT_WAIT_S
+    while runtime.count(kind) >= runtime.capacity(kind) and time.monotonic() < deadline and not runtime.shutting_down:
+        await asyncio.sleep(0.01)
 
 
 def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:

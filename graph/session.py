@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
+from graph.background import spawn
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
 from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority, current_release
@@ -216,7 +217,7 @@ class GraphSession:
                 self._fail(name, exc)
                 return
         if isinstance(control, Close):
-            asyncio.get_running_loop().create_task(self.close(control.reason))
+            spawn(self.close(control.reason), name=f"{self.id}:close")
 
     async def outputs(self) -> AsyncIterator[Message]:
         """Messages from the graph's outputs, in order; ends once the session has ended."""
@@ -327,7 +328,7 @@ class GraphSession:
         else:
             log.exception("session %s: node %r failed", self.id, node, exc_info=exc)
             self.error = ("internal_error", f"node {node!r} failed: {type(exc).__name__}: {exc}")
-        asyncio.get_running_loop().create_task(self.close(f"error: {self.error[0]}"))
+        spawn(self.close(f"error: {self.error[0]}"), name=f"{self.id}:close")
 
     async def _close_node_sessions(self) -> None:
         for name, node_session in self._node_sessions.items():

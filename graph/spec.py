@@ -25,9 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from graph import registry
 from graph.limits import SessionLimits
 from graph.messages import Message
+from graph.schema import schema_errors
 
 
 class GraphConfigError(ValueError):
@@ -36,6 +39,15 @@ class GraphConfigError(ValueError):
     def __init__(self, key: str, problem: str):
         super().__init__(f"{key}: {problem}")
         self.key = key
+
+
+class GraphConfigErrors(GraphConfigError):
+    """Several independent problems (node and resource params): one line each, in `lines`."""
+
+    def __init__(self, lines: list[str]):
+        ValueError.__init__(self, "\n".join(lines))
+        self.key = lines[0].split(":", 1)[0]
+        self.lines = lines
 
 
 DEFAULT_COMPUTE_THREADS = 1
@@ -97,6 +109,9 @@ class GraphSpec:
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
+# Every top-level key the graph reads (`warmup:` is read by graph/runtime.py from `extra`); a
+# server adds the sections its feature packages read and rejects any other key.
+GRAPH_SECTIONS = frozenset(_TOP_LEVEL | {"warmup"})
 
 
 def parse_spec(profile: dict[str, Any]) -> GraphSpec:
@@ -210,6 +225,37 @@ def validate_spec(spec: GraphSpec) -> None:
         stream_types(port, f"outputs[{i}]", "outputs")
 
     _reject_cycles(spec)
+    problems = params_errors(spec)
+    if "warmup" in spec.extra:
+        warmup_problems = schema_errors(spec.extra["warmup"], Warmup, "warmup")
+        problems += warmup_problems
+        warmup_input = None if warmup_problems else (spec.extra["warmup"] or {}).get("input", "speech")
+        if warmup_input is not None and warmup_input not in spec.inputs:
+            problems.append(f"warmup.input: {warmup_input!r} is not a graph input (inputs: {', '.join(sorted(spec.inputs)) or 'none'})")
+    if problems:
+        raise GraphConfigErrors(problems)
+
+
+class Warmup(msgspec.Struct, forbid_unknown_fields=True):
+    """`warmup:` one reply run through the graph before /health is 200 (graph/runtime.py)."""
+
+    input: str = "speech"
+    text: str = "Hello."
+    timeout_s: float = 300.0
+
+
+def params_errors(spec: GraphSpec) -> list[str]:
+    """One line per node or resource whose `params` do not fit its type's schema (graph/schema.py)."""
+    problems = []
+    for name, node in spec.nodes.items():
+        schema = registry.node_class(node.type).params_schema
+        if schema is not None:
+            problems += schema_errors(node.params, schema, f"nodes.{name}.params")
+    for name, resource in spec.resources.items():
+        schema = registry.resource_params_schema(resource.type)
+        if schema is not None:
+            problems += schema_errors(resource.params, schema, f"resources.{name}.params")
+    return problems
 
 
 def _reject_cycles(spec: GraphSpec) -> None:

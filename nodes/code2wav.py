@@ -31,11 +31,13 @@ import torch
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import Code2WavParams
 from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream, push_many
 
 
 @register_node("qwen3_omni.code2wav")
 class Code2WavNode(Node):
+    params_schema = Code2WavParams
     inputs = {"codes": (CodecFrames, TurnDone)}
     outputs = {"audio": (AudioOut, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline

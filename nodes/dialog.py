@@ -4,14 +4,22 @@ Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechSto
 `ImageFrame`s and the transport's `Command`s. Output:
 - `turns`: `Turn`s for the model, each with a turn id this node allocates (the one counter of the
   session, so controls can name a turn): user utterances (16 kHz float32 audio plus the newest
-  `max_utterance_frames` images that fell in it), client-created items, and reply requests;
+  `max_utterance_frames` images that fell in it), client-created items (`add_item`, with
+  `insert_after` when not at the end), deletions (`delete_item`: a `Turn` with `delete_key`),
+  and reply requests;
 - `events`: `NodeEvent`s for the transport (`speech_started`, `speech_stopped`, `committed`,
   `cleared`, `timeout_triggered`, `turn_queued`, `input_ended`, `error`).
 
 An utterance runs from speech start minus `prefix_padding_ms` to speech stop (server VAD), or
 is everything appended since the last commit/clear (manual mode, `turn_detection: null`).
-The reply side is the transport's decision: a committed utterance is a `Turn` without `reply`;
-the transport answers it with a `create_response` command when it wants a reply.
+The reply side is the transport's decision: it answers a committed utterance with a
+`create_response` command when it wants a reply, except for automatic replies (server VAD with
+`create_response`, or `input_end`): the transport gives their `ReplyParams` in the config
+(`auto_reply`), and the commit makes them itself — the utterance's `Turn` carries the reply (one
+turn through preprocessing, the encoders and one thinker prefill, with no round trip through the
+transport) and the `committed` event names it (`response_id`). When the
+session's config has `transcription`, a committed utterance carries it (`Turn.transcribe`): the
+thinker then transcribes it.
 
 Bounds, and what the client sees:
 - `max_utterance_seconds` (60): server VAD commits the utterance at the bound and ignores speech
@@ -28,6 +36,7 @@ import secrets
 from collections import deque
 from typing import Any
 
+import msgspec
 import numpy as np
 import soxr
 
@@ -39,12 +48,14 @@ from graph.messages import (
     Interrupt,
     Message,
     NodeEvent,
+    ReplyParams,
     SpeechStarted,
     SpeechStopped,
     Turn,
 )
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import DialogParams
 
 RATE = 16000
 MIN_COMMIT_MS = 100.0
@@ -52,6 +63,7 @@ MIN_COMMIT_MS = 100.0
 
 @register_node("dialog")
 class Dialog(Node):
+    params_schema = DialogParams
     inputs = {"events": (AudioChunk, SpeechStarted, SpeechStopped, ImageFrame, Command)}
     outputs = {"turns": (Turn,), "events": (NodeEvent,)}
 
@@ -74,7 +86,12 @@ class DialogSession(NodeSession):
         super().__init__(node, session)
         self.turn_ids = 0
         self.instructions: str | None = None
+        self.tools: tuple[dict[str, Any], ...] = ()  # the session's function tools (part of its system prompt)
+        # The reply an automatic commit gets (`ReplyParams` without an id; None: the transport
+        # sends `create_response` itself, as for any other reply).
+        self.auto_reply: ReplyParams | None = None
         self.vad: dict[str, Any] | None = {}
+        self.transcription: dict[str, Any] | None = None  # committed audio gets a transcript (Turn.transcribe)
         self._configure(session.config)
         # The prefix ring: the last `prefix_padding_ms` of audio before speech starts.
         self.ring: deque[AudioChunk] = deque()
@@ -93,8 +110,14 @@ class DialogSession(NodeSession):
     def _configure(self, config: dict[str, Any]) -> None:
         if "instructions" in config:
             self.instructions = config["instructions"] or None
+        if "tools" in config:
+            self.tools = tuple(config["tools"] or ())
         if "turn_detection" in config:
             self.vad = config["turn_detection"]
+        if "transcription" in config:
+            self.transcription = config["transcription"]
+        if "auto_reply" in config:
+            self.auto_reply = config["auto_reply"]
 
     @property
     def prefix_ms(self) -> float:
@@ -199,9 +222,25 @@ class DialogSession(NodeSession):
                     item_id=args["item_id"],
                     role=args["role"],
                     text=args.get("text"),
+                    call=args.get("call"),
                     audio=audio,
                     images=list(args.get("images", [])),
                     instructions=self.instructions,
+                    tools=self.tools,
+                    media_ms=self.now_ms,
+                    insert_after=args.get("insert_after"),
+                ),
+            )
+        elif command.name == "delete_item":
+            # The model forgets the item too: a reply's item by its response id (thinker_history.py).
+            await emit(
+                "turns",
+                Turn(
+                    turn_id=self._next_turn(),
+                    item_id=args["item_id"],
+                    delete_key=args.get("response_id") or args["item_id"],
+                    instructions=self.instructions,
+                    tools=self.tools,
                     media_ms=self.now_ms,
                 ),
             )
@@ -233,7 +272,8 @@ class DialogSession(NodeSession):
             return
         self.open_replies.add(reply.response_id)
         turn_id = self._next_turn()
-        await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions, media_ms=self.now_ms))
+        await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions,
+                    tools=self.tools, media_ms=self.now_ms))
         await emit("events", NodeEvent(kind="turn_queued", turn_id=turn_id, fields={"response_id": reply.response_id}))
 
     async def _commit(self, emit, auto_reply: bool, end_ms: float | None = None, allow_empty: bool = False) -> bool:
@@ -251,6 +291,13 @@ class DialogSession(NodeSession):
         frames = [f for f in self.images if start <= f.media_ms <= end][-self.node.max_utterance_frames :]
         item_id = self.item_id or _item_id()
         turn_id = self._next_turn()
+        awaited = auto_reply and bool((self.vad or {}).get("create_response", True))
+        # The automatic reply goes with its utterance, as one turn (one prefill); when the queue
+        # of replies is full, the transport's `create_response` meets the refusal instead.
+        reply = None
+        if awaited and self.auto_reply is not None and len(self.open_replies) <= self.node.max_queued_turns:
+            reply = msgspec.structs.replace(self.auto_reply, response_id=_response_id())
+            self.open_replies.add(reply.response_id)
         await emit(
             "turns",
             Turn(
@@ -260,8 +307,11 @@ class DialogSession(NodeSession):
                 audio=audio,
                 images=[f.image for f in frames],
                 instructions=self.instructions,
+                    tools=self.tools,
                 media_ms=start,
-                awaited=auto_reply and bool((self.vad or {}).get("create_response", True)),
+                reply=reply,
+                awaited=awaited,
+                transcribe=self.transcription if audio is not None else None,
             ),
         )
         await emit(
@@ -269,7 +319,8 @@ class DialogSession(NodeSession):
             NodeEvent(
                 kind="committed",
                 turn_id=turn_id,
-                fields={"item_id": item_id, "audio_ms": audio_ms, "image_count": len(frames), "auto_reply": auto_reply},
+                fields={"item_id": item_id, "audio_ms": audio_ms, "image_count": len(frames), "auto_reply": auto_reply,
+                        **({"response_id": reply.response_id} if reply is not None else {})},
             ),
         )
         self._reset_utterance()
@@ -300,6 +351,10 @@ class DialogSession(NodeSession):
         self._reset_utterance()
         self.ring.clear()
         self.images.clear()
+
+
+def _response_id() -> str:
+    return f"resp_{secrets.token_hex(10)}"  # the transport's own form (session_server/realtime/conversation.py)
 
 
 def _item_id() -> str:

@@ -16,11 +16,13 @@ from typing import Any
 from graph.messages import Embeddings, Features, Message
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import EncodersParams
 from nodes.qwen3_omni.media_encoders import encode_turns
 
 
 @register_node("qwen3_omni.encoders")
 class Encoders(Node):
+    params_schema = EncodersParams
     inputs = {"features": (Features,)}
     follows_playback = True  # on a new turn's first-audio path: due when its listener waits
     outputs = {"embeddings": (Embeddings,)}

@@ -6,14 +6,18 @@
 Input `turns`: `Turn`s from dialog (user utterances with their images, client items, reply
 requests) and stateless speech requests. Output `features`: one `Features` per turn with
 `tensors` = `nodes.qwen3_omni.inputs.TurnInputs.tensors()` (input_ids, audio features, image
-patches) and `meta` = {role, out_of_band, text_tokens, audio_tokens, image_tokens}.
+patches, system_ids) and `meta` = {role, out_of_band, insert_after, delete_key, text_tokens,
+audio_tokens, image_tokens, awaited, transcribe} (the last two as the `Turn` has them).
 
 The chat format (see `inputs.py`) is laid out per session:
-- the first turn opens with the system prompt: the session's `instructions`, else the model's
-  default system prompt;
-- when the session's instructions change later, or a reply brings its own, a system message with
-  them goes in front of the turn (the history keeps it: the thinker's KV is append-only);
-- a turn with `reply` ends with the assistant header, so the thinker answers right after it.
+- every turn carries `tensors["system_ids"]`, the system message the history must start with (the
+  session's `instructions`, else the model's default system prompt, with the session's tools):
+  the thinker feeds it with the first turn, and when it changes later, replaces the old one and
+  rebuilds its KV from there (thinker_history.py); so new instructions apply from the next turn;
+- a reply that brings its own instructions (or tools) gets a system message with them in front
+  (the history keeps it, with the reply);
+- a turn with `reply` ends with the assistant header, so the thinker answers right after it;
+- `meta["insert_after"]` / `meta["delete_key"]` carry the turn's history edit (`Turn`) to the thinker.
 
 Speech requests (`speak=True`: the reply is exactly `text`) need no thinker: their
 `Features.meta["speak"]` is set, `tensors["reply_ids"]` holds the text's tokens and
@@ -30,11 +34,13 @@ import torch
 from graph.messages import Features, Message, Turn
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.qwen3_omni.inputs import build_turn_inputs
+from nodes.params import PreprocessingParams
+from nodes.qwen3_omni.inputs import build_turn_inputs, system_with_tools, tool_call_text, tool_response_text
 
 
 @register_node("qwen3_omni.preprocessing")
 class Preprocessing(Node):
+    params_schema = PreprocessingParams
     inputs = {"turns": (Turn,)}
     outputs = {"features": (Features,)}
     follows_playback = True  # on a new turn's first-audio path: due when its listener waits
@@ -55,11 +61,6 @@ class Preprocessing(Node):
 class PreprocessingSession(NodeSession):
     node: Preprocessing
 
-    def __init__(self, node: Preprocessing, session: SessionInfo):
-        super().__init__(node, session)
-        self.system_prompt: str | None = None  # the instructions the history holds
-        self.started = False  # the history holds a first turn
-
     async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
         if not isinstance(message, Turn):
             return
@@ -74,39 +75,52 @@ class PreprocessingSession(NodeSession):
         omni = self.node.omni
         reply = turn.reply
         out_of_band = bool(reply and reply.out_of_band)
-        session_prompt = turn.instructions if turn.instructions is not None else omni.system_prompt
+        base_prompt = turn.instructions if turn.instructions is not None else omni.system_prompt
+        session_prompt = system_with_tools(base_prompt, turn.tools)
+        # A reply's own instructions: a system message in front of it (kept with the reply).
         system: str | None = None
-        if not self.started or (turn.instructions is not None and turn.instructions != self.system_prompt):
-            system = session_prompt
-        if reply is not None and reply.instructions and reply.instructions != (system or self.system_prompt):
-            system = reply.instructions if system is None else f"{system}\n\n{reply.instructions}"
+        if reply is not None and reply.instructions and reply.instructions != session_prompt:
+            system = reply.instructions
+        own_tools = reply is not None and bool(reply.tools) and tuple(reply.tools) != tuple(turn.tools)
+        if own_tools:
+            # This reply's own tools (`response.tools`): told to the model with it.
+            system = system_with_tools(system or "", reply.tools)
+        role, text = turn.role, turn.text
+        if role == "tool":
+            role, text = "user", tool_response_text(text or "")
+        elif turn.call is not None:
+            text = (text or "") + tool_call_text(turn.call["name"], turn.call["arguments"])
         inputs = build_turn_inputs(
             omni,
-            role=turn.role,
-            text=turn.text,
+            role=role,
+            text=text,
             audio=turn.audio,
             images=list(turn.images)[-self.node.max_utterance_frames :] if self.node.max_utterance_frames else [],
             system_prompt=system,
             add_generation_prompt=reply is not None,
             max_image_pixels=self.node.max_image_pixels,
         )
-        if not out_of_band:
-            self.started = True
-            if system is not None and (reply is None or not reply.instructions):
-                self.system_prompt = system
+        tensors = inputs.tensors()
+        # The system message the history must start with; the thinker replaces the one it holds
+        # when this differs (and rebuilds its KV).
+        tensors["system_ids"] = build_turn_inputs(omni, system_prompt=session_prompt).input_ids
         return Features(
             session_id=turn.session_id,
             turn_id=turn.turn_id,
             media_ms=turn.media_ms,
             item_id=turn.item_id,
-            tensors=inputs.tensors(),
+            tensors=tensors,
             reply=reply,
             meta={
                 "role": turn.role,
                 "out_of_band": out_of_band,
+                "insert_after": turn.insert_after,
+                "delete_key": turn.delete_key,
                 "text_tokens": inputs.text_tokens,
                 "audio_tokens": inputs.audio_tokens,
                 "image_tokens": inputs.image_tokens,
+                "awaited": turn.awaited,
+                "transcribe": turn.transcribe,
             },
         )
 

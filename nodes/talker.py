@@ -14,7 +14,9 @@ Input `hidden` (from the thinker), in order:
         audio/image positions (the talker then finds the user messages itself),
     plus "image_grid_thw" / "video_grid_thw" / "audio_feature_lengths" when the turn had them.
     The talker keeps the user turns' talker-space embeddings (`TalkerHistory`): every later
-    reply's prefill starts with them.
+    reply's prefill starts with them. With `tensors["history"]` the chunk is the thinker's whole
+    rebuilt history instead (its user parts and grids; `token_ids` = the context from its last
+    `<|im_start|>`): the talker starts over from it (`TalkerHistory.restart`).
   * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
     as the thinker samples them. The first may carry `tensors["reply"]` (`ReplyParams`: voice;
     `sampling` keys seed, talker_temperature / top_k / top_p / repetition_penalty /
@@ -50,6 +52,7 @@ import torch
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import TalkerParams
 from nodes.qwen3_omni.talker_engine import (
     TalkerHistory,
     TalkerLimits,
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 
 @register_node("qwen3_omni.talker")
 class TalkerNode(Node):
+    params_schema = TalkerParams
     inputs = {"hidden": (HiddenChunk, TurnDone)}
     outputs = {"codes": (CodecFrames, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline
@@ -171,7 +175,10 @@ class TalkerSession(NodeSession):
         tensors = chunk.tensors
         history = self.history
         grids = (tensors.get("image_grid_thw"), tensors.get("video_grid_thw"), tensors.get("audio_feature_lengths"))
-        if "user_parts" in tensors:  # the thinker picked the user messages out already
+        if tensors.get("history"):  # the thinker rebuilt its history: start over from all of it
+            parts = [(_field(p, "token_ids"), _field(p, "multimodal_hidden")) for p in tensors["user_parts"]]
+            history.restart(parts, list(chunk.token_ids), *grids)
+        elif "user_parts" in tensors:  # the thinker picked the user messages out already
             for part in tensors["user_parts"]:
                 history.add_user_part(_field(part, "token_ids"), _field(part, "multimodal_hidden"))
             history.track(list(chunk.token_ids))

@@ -3,16 +3,25 @@
     thinker: {type: qwen3_omni.thinker, params: {resource: omni, max_seq_len: 32768,
                                                  max_reply_tokens: 2048, sampling: {temperature: 0},
                                                  max_batch: 64, batch_linger_ms: 2, kv_slots: 4, kv_capacity: 256,
-                                                 warmup: true}}
+                                                 warmup: true, max_transcript_tokens: 448}}
 
 Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
 - `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
-  that asked for no reply cannot be added to the history);
+  that asked for no reply cannot be added to the history; `NodeEvent(kind="transcription_*")`
+  for a user utterance marked `transcribe`: nodes/qwen3_omni/transcription.py, an out-of-band
+  pass over the KV, rolled back, run only while no reply needs the thinker); `FunctionCall` per
+  function call a reply made, whole, before its `TurnDone` (replies with `ReplyParams.tools`:
+  decoding of a call is constrained to the tool's JSON schema, nodes/qwen3_omni/tool_calls.py; a
+  call's tokens are neither text nor speech, and a reply that is a call from its first token —
+  `tool_choice` `required` or a named function — sends the talker nothing);
 - `hidden`, to the talker, in order:
   * after every prefill, `HiddenChunk(tensors={"prompt": True, "mm_hidden", "user_parts",
     "image_grid_thw", "audio_feature_lengths", "out_of_band"}, token_ids=<every token that went
     through the thinker>)` — `mm_hidden` is the layer-`accept_hidden_layer` hidden state at each
     audio/image position, `user_parts` the same cut per user message (`TalkerUserPart`);
+  * after a history rebuild (below), `HiddenChunk(tensors={"prompt": True, "history": True,
+    "user_parts", "image_grid_thw", "audio_feature_lengths"}, token_ids=<the context from its last
+    `<|im_start|>`>)`: the whole rebuilt history, which the talker starts over from;
   * per reply token `HiddenChunk(response_id, token_ids=(t,), final=<last>)`, the first one with
     `tensors["voice"]` and `["reply"]`, the final one with `["finish_reason"]` (the engine's:
     `stop` = EOS, the whole text is spoken) — only when the reply wants audio;
@@ -39,6 +48,14 @@ Finish reasons -> TurnDone: EOS -> completed; the reply's `max_output_tokens` or
 (`context_exhausted`); interrupt -> cancelled. A turn that does not fit the context fails with
 `context_exhausted` and leaves the history as it was.
 
+History edits (nodes/qwen3_omni/thinker_history.py): every turn carries the system message the
+history must start with (`tensors["system_ids"]`); a different one than the history holds
+replaces it before the turn. A turn with `meta["delete_key"]` removes that item (a reply's key is
+its response id) and is nothing more; one with `meta["insert_after"]` goes after the first of
+those items the history holds. Each keeps the KV up to the first changed position and
+re-prefills the rest (the next reply's `cached_tokens` counts only the kept prefix); the talker
+then gets the rebuilt history.
+
 Truncate (`conversation.item.truncate`: the listener heard `audio_end_ms` of the reply): codec
 frames last 80 ms (12.5 frames/s) and the talker has read reply tokens 0..f when it makes frame f,
 so `ceil(audio_end_ms / 80)` heard frames bound the heard text to that many reply tokens. The reply
@@ -56,6 +73,7 @@ from typing import Any
 from graph.messages import (
     Control,
     Embeddings,
+    FunctionCall,
     HiddenChunk,
     Interrupt,
     Message,
@@ -68,8 +86,11 @@ from graph.messages import (
 )
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import ThinkerParams
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
-from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerError, ThinkerSession
+from nodes.qwen3_omni.thinker_engine import Sampling, Step, ThinkerError, ThinkerSession
+from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
+from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 
 _STATUS = {
     "stop": ("completed", None),
@@ -81,8 +102,9 @@ _STATUS = {
 
 @register_node("qwen3_omni.thinker")
 class Thinker(Node):
+    params_schema = ThinkerParams
     inputs = {"embeddings": (Embeddings,)}
-    outputs = {"text": (TextDelta, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
+    outputs = {"text": (TextDelta, FunctionCall, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline
 
     async def start(self) -> None:
@@ -132,6 +154,8 @@ class ThinkerNodeSession(NodeSession):
         self.last_reply_key: tuple[int, str] | None = None
         self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
         self.interrupted = False
+        self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
+                                       int(node.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)))
 
     # ------------------------------------------------------------------ controls
 
@@ -147,6 +171,8 @@ class ThinkerNodeSession(NodeSession):
                 if self.reply_key is not None:
                     self.interrupted = True
                     self.engine.interrupt()
+        if isinstance(control, Interrupt) and self.reply_key is None:
+            self.transcriber.reply_cancelled()  # the reply a transcript waits for may never come
 
     @staticmethod
     def _names(control: Interrupt | Truncate, key: tuple[int, str]) -> bool:
@@ -158,6 +184,16 @@ class ThinkerNodeSession(NodeSession):
     # ------------------------------------------------------------------ turns
 
     async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
+        if not isinstance(message, Embeddings) or message.meta.get("speak"):
+            await self._on_turn(stream, message, emit)
+            return
+        # A user transcript's pass in progress gives way first (nodes/qwen3_omni/transcription.py).
+        await self.transcriber.give_way()
+        turns = self.engine.turns
+        await self._on_turn(stream, message, self.transcriber.emit_for(message, emit))
+        self.transcriber.handled(message, emit, in_history=self.engine.turns > turns)
+
+    async def _on_turn(self, stream: str, message: Message, emit: Emit) -> None:
         if not isinstance(message, Embeddings):
             return
         if message.meta.get("speak"):
@@ -165,17 +201,32 @@ class ThinkerNodeSession(NodeSession):
             return
         await self._apply_truncate()
         reply = message.reply
+        calls: ToolCallDecoder | None = None
         if reply is not None:
+            try:
+                calls = ToolCallDecoder.for_reply(self.node.omni, reply.tools, reply.tool_choice, reply.parallel_tool_calls)
+            except ToolCallsUnavailable as error:
+                await emit("hidden", self._done(message, reply, "failed", "tools_unsupported", Usage()))
+                await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id, kind="error",
+                                             fields={"code": "tools_unsupported", "message": str(error),
+                                                     "response_id": reply.response_id}))
+                return
             self.engine.set_sampling(self._sampling_for(reply))
             # From here on an Interrupt naming this reply reaches it, even during the prefill.
             self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
         try:
+            if await self._edit_history(message, emit):
+                return
             prefill = await self.node.executor.call(
                 self.engine.prefill_work(
                     message.tensors,
                     reply=reply is not None,
                     out_of_band=bool(reply and reply.out_of_band),
                     max_reply_tokens=reply.max_output_tokens if reply is not None else None,
+                    calls=calls,
+                    key=message.item_id or (reply.response_id if reply is not None else None),
+                    reply_key=reply.response_id if reply is not None else None,
+                    insert_after=message.meta.get("insert_after"),
                 ),
             )
         except ThinkerError as error:
@@ -188,6 +239,51 @@ class ThinkerNodeSession(NodeSession):
             return
         if reply is not None and self.interrupted:
             self.engine.interrupt()  # it came while the prefill ran; the first step now stops
+        if prefill.rebuilt:  # inserted before the end of the history
+            await self._restart_talker(message, emit)
+        else:
+            await self._prompt_chunk(message, prefill, emit)
+        if reply is not None:
+            await self._reply(message, reply, emit, calls)
+
+    async def _edit_history(self, message: Embeddings, emit: Emit) -> bool:
+        """Before the turn: a new system prompt, a deletion (thinker_history.py); when they rebuilt
+        the history, the talker restarts from it. True: the turn was a deletion and nothing more."""
+        executor = self.node.executor
+        rebuilt = False
+        if message.tensors.get("system_ids") is not None:
+            rebuilt = await executor.call(self.engine.system_prompt_work(message.tensors["system_ids"]))
+        delete_key = message.meta.get("delete_key")
+        if delete_key is not None:
+            rebuilt = await executor.call(self.engine.delete_work(delete_key)) or rebuilt
+            if self.last_reply_key is not None and self.last_reply_key[1] == delete_key:
+                self.last_reply_key = None  # a Truncate cannot name it any more
+        if rebuilt:
+            await self._restart_talker(message, emit)
+        return delete_key is not None
+
+    async def _restart_talker(self, message: Embeddings, emit: Emit) -> None:
+        view = self.engine.talker_view()
+        await emit(
+            "hidden",
+            HiddenChunk(
+                session_id=message.session_id,
+                turn_id=message.turn_id,
+                media_ms=message.media_ms,
+                token_ids=tuple(view.tail_ids),
+                tensors={
+                    "prompt": True,
+                    "history": True,
+                    "user_parts": view.user_parts,
+                    "image_grid_thw": view.image_grid_thw,
+                    "audio_feature_lengths": view.audio_feature_lengths,
+                    "out_of_band": False,
+                },
+            ),
+        )
+
+    async def _prompt_chunk(self, message: Embeddings, prefill, emit: Emit) -> None:
+        reply = message.reply
         await emit(
             "hidden",
             HiddenChunk(
@@ -205,21 +301,26 @@ class ThinkerNodeSession(NodeSession):
                 },
             ),
         )
-        if reply is not None:
-            await self._reply(message, reply, emit)
 
-    async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit) -> None:
+    async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit, calls: ToolCallDecoder | None) -> None:
         executor = self.node.executor
         base = {"session_id": message.session_id, "turn_id": message.turn_id, "media_ms": message.media_ms}
-        wants_audio = "audio" in reply.output_modalities
+        # A reply that is a function call from its first token has nothing to say.
+        wants_audio = "audio" in reply.output_modalities and not (calls is not None and calls.forced)
         first = True
         unsent: tuple[int, ...] = ()  # tokens whose text is held back (an incomplete UTF-8 sequence)
+        spoken: list[str] = []  # the reply's text without its function calls
         try:
             while True:
                 step = await executor.decode(self.engine)
+                if step.call:  # a function call's token: neither text nor speech (sent whole below)
+                    if step.finish_reason is None:
+                        continue
+                    step = Step(None, "", step.index, step.finish_reason)
                 ids = () if step.token_id is None else (step.token_id,)
                 unsent += ids
                 if step.text:
+                    spoken.append(step.text)
                     await emit("text", TextDelta(**base, response_id=reply.response_id, text=step.text, token_ids=unsent))
                     unsent = ()
                 if wants_audio and (ids or step.finish_reason is not None):
@@ -245,6 +346,10 @@ class ThinkerNodeSession(NodeSession):
             status, reason = _STATUS[step.finish_reason]
         usage = self.engine.reply_usage()
         transcript = self.engine.reply_text()
+        if calls is not None:
+            transcript = "".join(spoken)
+            for index, (name, arguments) in enumerate(calls.finished):
+                await emit("text", FunctionCall(**base, response_id=reply.response_id, index=index, name=name, arguments=arguments))
         await self._apply_truncate()
         await emit(
             "hidden",
@@ -308,6 +413,7 @@ class ThinkerNodeSession(NodeSession):
         )
 
     async def close(self) -> None:
+        await self.transcriber.close()
         self.engine.interrupt()
         # Gives the session's KV row back; waits for a forward that uses it, so not on the loop.
         try:

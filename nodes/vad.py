@@ -36,6 +36,7 @@ import soxr
 from graph.messages import AudioChunk, Command, ImageFrame, Message, SpeechStarted, SpeechStopped
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.params import SileroVadParams
 
 RATE = 16000
 WINDOW = 512  # samples at 16 kHz: 32 ms, the window the model is trained on
@@ -82,6 +83,7 @@ class SileroModel:
 
 @register_node("silero_vad")
 class SileroVad(Node):
+    params_schema = SileroVadParams
     inputs = {"audio": (AudioChunk, ImageFrame, Command)}
     outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechStopped)}
 

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v espeak-ng >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "install-test-deps: installing espeak-ng with apt-get (the realtime tests speak with it)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends espeak-ng >/dev/null

@@ -17,15 +17,18 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from session_server.auth import ApiKeyMiddleware
+from session_server.http_errors import install_error_handlers
+from session_server.request_size import RequestSizeLimit
 from session_server.state import ServerState
 
 log = logging.getLogger("session_server")
 
 
-def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None = None) -> FastAPI:
+def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None = None,
+               on_ready: Callable[[], None] | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.create_task(_load(state, on_startup_failure))
+        loading = asyncio.create_task(_load(state, on_startup_failure, on_ready))
         try:
             yield
         finally:
@@ -36,6 +39,7 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
 
     app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
+    install_error_handlers(app)
     state.metrics.watch(lambda: state.runtime)
 
     @app.get("/health")
@@ -62,6 +66,7 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     _install_features(app, state)
+    app.add_middleware(RequestSizeLimit, max_bytes=state.runtime.spec.limits.max_request_bytes, path_limits=state.request_size_limits)
     app.add_middleware(ApiKeyMiddleware, state=state)
     return app
 
@@ -76,9 +81,13 @@ def _install_features(app: FastAPI, state: ServerState) -> None:
     webrtc.install(app, state)  # the browser page always; calls only with --enable-realtime
     if state.settings.enable_realtime:
         realtime.install(app, state)
+    else:
+        from session_server.realtime.disabled import install_disabled
+
+        install_disabled(app)  # 403 `realtime_disabled`, naming --enable-realtime
 
 
-async def _load(state: ServerState, on_failure: Callable[[], None] | None) -> None:
+async def _load(state: ServerState, on_failure: Callable[[], None] | None, on_ready: Callable[[], None] | None = None) -> None:
     started = time.perf_counter()
     try:
         await state.runtime.start()
@@ -91,3 +100,5 @@ async def _load(state: ServerState, on_failure: Callable[[], None] | None) -> No
             on_failure()
         return
     log.info("ready in %.2fs: model %s", time.perf_counter() - started, state.settings.model_id)
+    if on_ready is not None:
+        on_ready()

@@ -1,8 +1,12 @@
 """`sgl-omni`: serve, and the tools around it.
 
     sgl-omni serve [--config FILE] [--model-path DIR] [--enable-realtime] [--host H] [--port P]
-                   [--api-key KEY] [--log-level L] [--shutdown-grace S]
+                   [--api-key KEY] [--log-level L] [--shutdown-grace S] [--webrtc-candidates C]
     sgl-omni make-tiny-checkpoint DIR
+
+`serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
+naming the port and `--port`), then the whole profile is validated (exit 2, one line per problem,
+session_server/profile.py). It logs a ready line with the URLs once the model has warmed up.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ _TOOL_COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from session_server.webrtc.config import CANDIDATE_POLICIES
+
     parser = argparse.ArgumentParser(prog="sgl-omni", description="Realtime session server for speech-to-speech models")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -39,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="require this Bearer key (env SGL_OMNI_API_KEY)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
+    serve.add_argument(
+        "--webrtc-candidates", choices=CANDIDATE_POLICIES,
+        help="host ICE candidates of WebRTC calls (the profile's webrtc.candidates); default: the profile's, "
+             "else host+loopback when bound to a loopback address (a browser on this machine), else host",
+    )
 
     for name, (_, _, help_text) in _TOOL_COMMANDS.items():
         tool = commands.add_parser(name, help=help_text, add_help=False)
@@ -65,10 +76,24 @@ def serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from configs import ProfileError, load_profile, override_model_path
+    from session_server.server import PortUnavailable, bound_socket
+
+    try:
+        sock = bound_socket(args.host, args.port)
+    except PortUnavailable as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        return _serve_on(sock, args)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock, args: argparse.Namespace) -> int:
+    from configs import ProfileError, load_profile, override_model_path, serves_embedded_checkpoint
     from graph.engine_client import EngineRuntime
-    from graph.runtime import GraphRuntime, validated_spec
-    from graph.spec import GraphConfigError
+    from graph.runtime import GraphRuntime
+    from session_server.profile import ProfileInvalid, validated_profile
 
     started = time.perf_counter()
     try:
@@ -78,23 +103,54 @@ def serve(args: argparse.Namespace) -> int:
                 raise ProfileError("--model-path: the profile has no resource with a `path` to override")
         if args.shutdown_grace is not None:
             profile.setdefault("limits", {})["shutdown_grace_s"] = args.shutdown_grace
-        from session_server.metrics import ServerMetrics
-
-        metrics = ServerMetrics()
-        spec = validated_spec(profile)
-        runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
-    except (ProfileError, GraphConfigError) as exc:
-        log.error("invalid profile: %s", exc)
+        _set_webrtc_candidates(profile, args)
+        spec = validated_profile(profile)
+    except ProfileError as exc:
+        log.error("%s", exc)
+        return 2
+    except ProfileInvalid as exc:
+        for line in exc.lines:
+            log.error("invalid profile: %s", line)
         return 2
     log.info("profile %s validated in %.2fs", args.config or "embedded_cpu.yaml", time.perf_counter() - started)
+    if serves_embedded_checkpoint(profile):
+        log.info("note: serving the embedded tiny test model (random weights): its replies are no real answers and "
+                 "its voice is noise, though every stage runs; --model-path DIR serves a real checkpoint")
 
     from session_server.app import create_app
+    from session_server.metrics import ServerMetrics
     from session_server.server import run_blocking, run_server
     from session_server.state import ServerState, Settings
 
+    metrics = ServerMetrics()
+    runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
+    log.info("listening on http://%s:%d; loading the model (/health answers 503 until ready)", args.host, args.port)
     settings = Settings(model_id=runtime.model_id, api_key=args.api_key, enable_realtime=args.enable_realtime, profile=profile)
     state = ServerState(runtime, settings, metrics)
-    return run_blocking(run_server(state, create_app, args.host, args.port, args.log_level))
+    return run_blocking(run_server(state, create_app, args.host, args.port, args.log_level, sock=sock))
+
+
+def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:
+    """`--webrtc-candidates` wins; else the profile's; else loopback too when only this machine can connect."""
+    section = profile.get("webrtc")
+    if args.webrtc_candidates is None and isinstance(section, dict) and "candidates" in section:
+        return
+    chosen = args.webrtc_candidates or ("host+loopback" if _is_loopback_host(args.host) else "host")
+    if section is None:
+        profile["webrtc"] = section = {}
+    if isinstance(section, dict):  # anything else is reported by validation
+        section["candidates"] = chosen
+
+
+def _is_loopback_host(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

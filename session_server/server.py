@@ -8,13 +8,16 @@ the remaining sessions with reason `server_shutdown`, then exits 0. A second sig
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from session_server.log_redaction import redact_access_log
 from session_server.state import ServerState
 
 log = logging.getLogger("session_server")
@@ -45,32 +48,75 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
+class PortUnavailable(OSError):
+    """The address cannot be listened on; the message says which and what to do."""
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """Bind (host, port) now, before anything loads, so that a port in use is reported at once
+    (uvicorn binds only after the app's startup has begun loading the model). Not listening yet:
+    connections are refused until uvicorn serves it (asyncio's create_server calls listen)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise PortUnavailable(f"--host {host}: cannot resolve this address ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart despite TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortUnavailable(
+                f"port {port} on {host} is already in use (another server?): stop it, or choose another port with --port"
+            ) from None
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror} (choose another with --host / --port)") from None
+    sock.setblocking(False)
+    return sock
+
+
+def ready_message(host: str, port: int, realtime: bool) -> str:
+    """The line that says the server is ready, with the URLs to open."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else (f"[{host}]" if ":" in host else host)
+    base = f"http://{shown}:{port}"
+    if not realtime:
+        return f"ready: speech API at {base}/v1/audio/speech (realtime sessions are off: add --enable-realtime)"
+    return f"ready: open {base}/ (playground) | realtime ws://{shown}:{port}/v1/realtime, WebRTC {base}/v1/realtime/calls | speech {base}/v1/audio/speech"
+
+
 async def run_server(
     state: ServerState,
     create_app: Callable[..., FastAPI],
     host: str,
     port: int,
     log_level: str = "info",
+    sock: socket.socket | None = None,
 ) -> int:
+    """Serve until shutdown. `sock`: already bound (`bound_socket`), else uvicorn binds."""
     server: DrainingServer | None = None
 
     def fail_startup() -> None:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(state, on_startup_failure=fail_startup)
+    def announce_ready() -> None:
+        log.info(ready_message(host, port, state.settings.enable_realtime))
+
+    app = create_app(state, on_startup_failure=fail_startup, on_ready=announce_ready)
     server = DrainingServer(uvicorn_config(app, host, port, log_level), state)
-    await server.serve()
+    await server.serve(sockets=[sock] if sock is not None else None)
     return 1 if state.startup_error else 0
 
 
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     # No permessage-deflate: realtime traffic is base64 audio, which barely compresses, and
     # (de)compressing every 20 ms chunk cost ~15% of the event loop at 16 sessions (py-spy).
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on",
         ws="websockets-sansio", ws_max_size=WS_MAX_MESSAGE_BYTES, ws_per_message_deflate=False,
     )
+    redact_access_log()  # after Config, which (re)configures uvicorn's loggers
+    return config
 
 
 def run_blocking(coroutine) -> int:

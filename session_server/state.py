@@ -26,9 +26,12 @@ class ServerState:
         self.settings = settings
         self.metrics = metrics
         self.startup_error: str | None = None
+        self.served: Any = None  # what realtime sessions are served, read once ready (realtime/served.py)
         # Extra credentials a feature may mint (ephemeral client secrets), each good only on
         # the paths it was registered for: (paths, check(key) -> bool).
         self._key_validators: list[tuple[frozenset[str], Callable[[str], bool]]] = []
+        # Request-body bounds of paths that need their own (session_server/request_size.py).
+        self.request_size_limits: dict[str, int] = {}
 
     @property
     def ready(self) -> bool:

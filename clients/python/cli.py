@@ -157,7 +157,49 @@ def _trim_silence(samples: np.ndarray, threshold: float = 1e-3) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except Exception as exc:  # noqa: BLE001 - a refused or unreachable server is one line, not a traceback
+        reason = refusal_reason(exc, args.url)
+        if reason is None:
+            raise
+        print(f"sgl-omni client: {reason}", file=sys.stderr)
+        return 1
+
+
+def refusal_reason(exc: BaseException, url: str) -> str | None:
+    """One line for a server that refused the session or could not be reached (None: a bug, re-raised)."""
+    import socket
+
+    import httpx
+    import websockets
+
+    from clients.python.webrtc import CallFailed
+
+    if isinstance(exc, websockets.exceptions.InvalidStatus):
+        return f"the server refused the session ({exc.response.status_code}): {_error_message(exc.response.body)}"
+    if isinstance(exc, CallFailed):
+        return f"the server refused the call ({exc.status}): {_error_message(exc.body)}"
+    if isinstance(exc, (ConnectionError, socket.gaierror, httpx.TransportError, websockets.exceptions.InvalidHandshake)):
+        return f"cannot reach the server at {url} ({exc or type(exc).__name__}): is it running (`make serve`)?"
+    return None
+
+
+def _error_message(body: Any) -> str:
+    """The `error.message` of an OpenAI-shaped error body (bytes, text or parsed), else the body as text."""
+    import json
+
+    if isinstance(body, (bytes, bytearray, str)):
+        text = body if isinstance(body, str) else bytes(body).decode(errors="replace")
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return text.strip() or "(no body)"
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("message"):
+        error = body["error"]
+        return f"{error['message']}" + (f" [{error['code']}]" if error.get("code") else "")
+    return str(body)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ User text is tokenized with special tokens split, so text can never inject a con
 from __future__ import annotations
 
 import io
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +103,32 @@ def image_patches(
         size = {"shortest_edge": min(bounds.shortest_edge, max_pixels), "longest_edge": max_pixels}
     out = processor(images=decoded, return_tensors="pt", **({"size": size} if size else {}))
     return out["pixel_values"].to(torch.float32), out["image_grid_thw"].to(torch.long)
+
+
+def system_with_tools(system: str, tools: Sequence[dict[str, Any]]) -> str:
+    """The system message with function tools, as Qwen3's chat template writes it."""
+    if not tools:
+        return system
+    lines = [json.dumps({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}, ensure_ascii=False)
+             for tool in tools]
+    head = f"{system}\n\n" if system else ""
+    return (
+        f"{head}# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + "\n".join(lines)
+        + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+    )
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    """A function call in the assistant's message (Qwen3's format); `arguments` is JSON text."""
+    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n</tool_call>'
+
+
+def tool_response_text(output: str) -> str:
+    """A function's output, as the user message Qwen3's chat template makes of a `tool` message."""
+    return f"<tool_response>\n{output}\n</tool_response>"
 
 
 def build_turn_inputs(

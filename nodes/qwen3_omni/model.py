@@ -26,8 +26,27 @@ from typing import Any
 import torch
 
 from graph.registry import register_resource
+from nodes.params import OmniModelParams
 
 log = logging.getLogger(__name__)
+
+
+class _KnownRopeKeys(logging.Filter):
+    """Drops transformers' warning that Qwen3-Omni's `mrope_section` / `interleaved` rope keys are
+    unrecognised: they are the model's own (its multimodal RoPE reads them), and the warning came
+    several times per engine at every start."""
+
+    QWEN3_OMNI_KEYS = ("mrope_section", "interleaved")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Unrecognized keys in `rope_parameters`"):
+            return True
+        unused = message.rsplit(":", 1)[-1]
+        return any(word.strip(" {}'\"") not in self.QWEN3_OMNI_KEYS for word in unused.split(","))
+
+
+logging.getLogger("transformers.modeling_rope_utils").addFilter(_KnownRopeKeys())
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,8 +73,9 @@ class ReplyBounds:
 
     max_seq_len: thinker context per session (tokens). A turn that does not fit fails with
         `context_exhausted`; a reply that reaches it ends with finish reason `context_exhausted`.
-    max_reply_tokens: thinker tokens per reply. Random weights never emit EOS, so the tiny profile
-        sets this low (a reply of one to three seconds of audio); real checkpoints stop on EOS.
+    max_reply_tokens: thinker tokens per reply; a reply that reaches it ends `incomplete`. The
+        tiny checkpoint ends its replies on EOS after 11 tokens (random-weight presets never
+        do), so the tiny profile's 16 only bounds a reply that runs on.
     max_frames_per_token / max_reply_frames: talker bounds (read by the talker node): codec
         frames per reply token once the text has ended (None: until codec EOS, as real
         checkpoints stop; the tiny profile sets 2), and per reply (`generate()`'s 4096).
@@ -91,6 +111,10 @@ class ChatTokens:
     eos: frozenset[int] = field(default_factory=frozenset)
     # Never part of a reply (placeholders, markers): masked out of sampling.
     suppressed: frozenset[int] = field(default_factory=frozenset)
+    # Qwen3's `<tool_call>` / `</tool_call>` (None: the vocabulary has no such tokens; then tool
+    # calls are not served).
+    tool_call: int | None = None
+    tool_call_end: int | None = None
 
     @property
     def assistant_header(self) -> list[int]:
@@ -278,6 +302,10 @@ def _chat_tokens(config: Any, tokenizer: Any) -> ChatTokens:
             raise ModelLoadError(f"the tokenizer has no {text!r} token")
         return int(token_id)
 
+    def optional(text: str) -> int | None:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        return None if token_id is None or token_id == tokenizer.unk_token_id else int(token_id)
+
     newline = tokenizer.encode("\n", add_special_tokens=False)
     if len(newline) != 1:
         raise ModelLoadError("the tokenizer does not encode a newline as one token")
@@ -308,10 +336,12 @@ def _chat_tokens(config: Any, tokenizer: Any) -> ChatTokens:
         tts_pad=int(config.tts_pad_token_id),
         eos=frozenset(eos),
         suppressed=frozenset(i for i in special - eos if i < vocab),
+        tool_call=optional("<tool_call>"),
+        tool_call_end=optional("</tool_call>"),
     )
 
 
-@register_resource("qwen3_omni.model")
+@register_resource("qwen3_omni.model", params=OmniModelParams)
 def load_omni_model(params: dict[str, Any]) -> OmniModel:
     """Resource factory. params: path (None -> the tiny checkpoint), device (cpu|cuda), dtype
     (float32|bfloat16|float16), system_prompt, the `ReplyBounds` fields, and random_weights

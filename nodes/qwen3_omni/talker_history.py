@@ -5,7 +5,8 @@ thinker's KV cache keeps no hidden states, and the audio/image positions of a us
 thinker's layer-`accept_hidden_layer` hidden states from that turn's prefill. So the talker keeps,
 per user message, its token ids and their talker-space embeddings (text positions through
 `text_projection`, multimodal positions through `hidden_projection`), built when the turn was
-prefilled; every reply's prefill starts with all of them. It also keeps the talker KV of those
+prefilled (or from the whole history again when the thinker rebuilt it: `restart`); every
+reply's prefill starts with all of them. It also keeps the talker KV of those
 user turns from the last reply (`keep_kv`), so a reply puts only the user turns that are new since
 the last reply (and its 9-position assistant block) through the talker.
 """
@@ -143,6 +144,21 @@ class TalkerHistory:
             self.segments.append(_UserSegment(token_ids[index], embeds[index.to(embeds.device)]))
         elif keep:
             raise ValueError("user-role tokens arrived without prompt embeddings (as reply tokens)")
+
+    def restart(self, user_parts: list[tuple[torch.Tensor, torch.Tensor | None]], tail_ids: list[int],
+                image_grid_thw=None, video_grid_thw=None, audio_feature_lengths=None) -> None:
+        """Start over from the thinker's rebuilt history (a new system prompt, an item deleted or
+        inserted: `ThinkerSession.talker_view()`): all its user messages (token ids, accept-layer
+        hidden states of their multimodal positions), grids, and the context from its last
+        `<|im_start|>` on. The kept KV no longer matches: dropped."""
+        self.segments = []
+        self.image_grids, self.video_grids, self.audio_feature_lengths = [], [], []
+        self.kv, self.kv_length = None, 0
+        self._role, self._awaiting_role, self._held, self._since_im_start = None, False, None, []
+        for token_ids, mm_hidden in user_parts:
+            self.add_user_part(token_ids, mm_hidden)
+        self.add_grids(image_grid_thw, video_grid_thw, audio_feature_lengths)
+        self.track(tail_ids)
 
     def snapshot(self) -> tuple[Any, ...]:
         """State to `restore` after an out-of-band reply, which must leave no trace."""

@@ -6,6 +6,9 @@
         ...step.token_id, step.text...
     usage = session.reply_usage()
     session.truncate_reply(heard_tokens)         # forget the unheard rest of the last reply
+    mark = session.checkpoint()                  # an out-of-band pass over the context (a user
+    ...                                          # transcript) ...
+    session.restore(mark)                        # ... leaves no trace, the last reply included
 
 Invariants (what makes a second turn cost only its new tokens):
 - `context_ids` are exactly the tokens whose keys/values are in `cache`, in order; their text is
@@ -23,6 +26,11 @@ Invariants (what makes a second turn cost only its new tokens):
   alone, each request its own forward; the shared `ThinkerExecutor` (batched_thinker.py) runs
   the calls of many sessions together, all decode steps ready at once in one forward. Both give
   the same tokens (tests/model/test_batched_thinker.py).
+- The context is a list of segments (thinker_history.py: the system prompt, then one per turn,
+  a reply's tokens with the turn that asked for it). Edits that are not an append at the end
+  (`system_prompt_work`: a new system prompt; `delete_work`; `prefill_work(insert_after=...)`)
+  keep the KV up to the first changed position and re-prefill the rest from the segments' ids
+  and kept encoder outputs; the next reply's `cached_tokens` is then at most that kept prefix.
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -46,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nodes.qwen3_omni.batched_thinker import Chunk, Feed, ThinkerRunner, Work
+from nodes.qwen3_omni.thinker_history import History, Segment, TalkerView, turn_media
+from nodes.qwen3_omni.tool_calls import ToolCallDecoder
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
@@ -66,12 +76,14 @@ class ThinkerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-session sampling. temperature 0 = greedy (the default)."""
+    """Per-session sampling. temperature 0 = greedy (the default). `ignore_eos` (benchmarks only,
+    never from a client, as vLLM's): EOS is never chosen, so a reply runs to its bound."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    ignore_eos: bool = False
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> Sampling:
@@ -107,6 +119,9 @@ class Prefill:
     multimodal_hidden: torch.Tensor | None = None
     user_parts: list[TalkerUserPart] = field(default_factory=list)
     reply_started: bool = False
+    # The turn went in before the end of the history, which was re-prefilled from there:
+    # `token_ids`/`user_parts` are empty; the talker restarts from `ThinkerSession.talker_view()`.
+    rebuilt: bool = False
 
 
 @dataclass
@@ -119,6 +134,7 @@ class Step:
     text: str
     index: int
     finish_reason: str | None = None
+    call: bool = False  # the token belongs to a function call (tool_calls.py): not spoken
 
 
 @dataclass
@@ -147,6 +163,7 @@ class _Reply:
     usage: ReplyUsage = field(default_factory=ReplyUsage)
     # Out-of-band replies roll the session back to this snapshot when they finish.
     rollback: tuple[int, list[int], int, int, int] | None = None
+    calls: ToolCallDecoder | None = None  # the reply may call functions
 
 
 class _Row:
@@ -179,6 +196,8 @@ class ThinkerSession:
         self._closed = False
         self.cache = _Row(self)
         self.context_ids: list[int] = []
+        self.history = History()  # the context's segments (thinker_history.py)
+        self._unfed_system: list[int] = []  # a system prompt set before the first turn, fed with it
         self._positions_after: list[int] = []  # next rotary position after each context token
         self.pending: list[int] = []
         self.audio_tokens_in_context = 0
@@ -196,6 +215,7 @@ class ThinkerSession:
         vocab = self.thinker.config.text_config.vocab_size
         self._suppress = torch.zeros(vocab, dtype=torch.bool)
         self._suppress[list(self.tokens.suppressed)] = True
+        self._suppress[list(self.tokens.eos)] = self.sampling.ignore_eos
 
     # ------------------------------------------------------------------ state
 
@@ -217,6 +237,7 @@ class ThinkerSession:
 
     def set_sampling(self, sampling: Sampling) -> None:
         self.sampling = sampling
+        self._suppress[list(self.tokens.eos)] = sampling.ignore_eos
         self._generator = None
         if sampling.seed is not None:
             self._generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
@@ -224,10 +245,13 @@ class ThinkerSession:
     # ------------------------------------------------------------------ turns
 
     def prefill(self, turn: dict[str, Any], *, reply: bool | None = None, out_of_band: bool = False,
-                max_reply_tokens: int | None = None) -> Prefill:
+                max_reply_tokens: int | None = None, key: str | None = None,
+                insert_after: list[str] | None = None, calls: ToolCallDecoder | None = None,
+                reply_key: str | None = None) -> Prefill:
         """`prefill_work` run alone (see there)."""
         return self._runner.run_alone(
-            self.prefill_work(turn, reply=reply, out_of_band=out_of_band, max_reply_tokens=max_reply_tokens)
+            self.prefill_work(turn, reply=reply, out_of_band=out_of_band, max_reply_tokens=max_reply_tokens,
+                              key=key, insert_after=insert_after, calls=calls, reply_key=reply_key)
         )
 
     @torch.inference_mode()
@@ -238,6 +262,10 @@ class ThinkerSession:
         reply: bool | None = None,
         out_of_band: bool = False,
         max_reply_tokens: int | None = None,
+        key: str | None = None,
+        insert_after: list[str] | None = None,
+        calls: ToolCallDecoder | None = None,
+        reply_key: str | None = None,
     ) -> Work:
         """Feed one turn (the `encode_turns` dict; `input_ids` = this turn's tokens only).
 
@@ -247,6 +275,12 @@ class ThinkerSession:
         `out_of_band`: when the reply finishes, the session forgets this turn and the reply.
         Raises ThinkerError(`context_exhausted`) — and changes nothing — if the turn does not fit
         in `max_seq_len`. A generator of forward requests (module docstring); returns a `Prefill`.
+        `calls` (tool_calls.py) lets the reply call functions: its tokens are chosen under it.
+        `reply_key` names the reply's own segment when the turn is not only a reply request (an
+        utterance that brings its reply: its header and the reply are named apart from it).
+        `key` names the turn's history segment (thinker_history.py); `insert_after` (history keys
+        of the items before it, nearest first) puts a turn without reply before the end of the
+        history, which is then re-prefilled from there (`Prefill.rebuilt`); None: at the end.
         """
         self._sync_row()
         ids = [int(i) for i in turn["input_ids"].tolist()]
@@ -258,9 +292,14 @@ class ThinkerSession:
                            multimodal_hidden=torch.zeros(0, self.thinker.config.text_config.hidden_size))
         if self.replying:
             yield from self._finish_work(self._reply, "interrupted")
+        if insert_after is not None and not reply:
+            index = self.history.insertion_index(insert_after)
+            if index < len(self.history):
+                return (yield from self._insert_work(index, key, ids, turn))
         if reply:
             self._interrupt.clear()  # an interrupt from here on stops this reply's first step
-        new_ids = self.pending + ids
+        system = [] if self.context_ids else self._unfed_system
+        new_ids = system + self.pending + ids
         needed = len(self.context_ids) + len(new_ids) + _CLOSING_RESERVE + (1 if reply else 0)
         if needed > self.max_seq_len:
             raise ThinkerError(
@@ -276,6 +315,16 @@ class ThinkerSession:
         want_hidden = self.accept_layer is not None and bool(mm_mask.any())
         logits, hidden = yield from self._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden)
         self._append(new_ids, positions)
+        if system:
+            self.history.segments.append(Segment(None, 0, system=True))
+            self._unfed_system = []
+        turn_segment = Segment(key, cached + len(system) + len(self.pending), turn_media(turn))
+        self.history.segments.append(turn_segment)
+        header = len(self.tokens.assistant_header)
+        if reply and reply_key is not None and reply_key != key and len(ids) > header:
+            # A turn that brings its own reply request (an utterance with its automatic reply):
+            # the reply, from its header on, is a segment of its own, named as any reply is.
+            self.history.segments.append(Segment(reply_key, len(self.context_ids) - header))
         self.pending = []
         self.audio_tokens_in_context += sum(1 for i in ids if i == self.tokens.audio_pad)
         self.image_tokens_in_context += sum(1 for i in ids if i in (self.tokens.image_pad, self.tokens.video_pad))
@@ -290,12 +339,16 @@ class ThinkerSession:
         )
         if self.omni.talker is not None:
             result.user_parts = self._talker_user_parts(new_ids, user_mask, mm_mask, hidden)
+            turn_segment.user_parts = result.user_parts
         if reply:
             self._reply = _Reply(start=len(self.context_ids), rollback=snapshot if out_of_band else None)
             if max_reply_tokens is not None and max_reply_tokens < self.max_reply_tokens:
                 self._reply.limit, self._reply.limit_reason = max(1, int(max_reply_tokens)), "max_output_tokens"
             else:
                 self._reply.limit, self._reply.limit_reason = self.max_reply_tokens, "length"
+            if calls is not None:
+                calls.limit = self._reply.limit
+                self._reply.calls = calls
             audio, image = self.audio_tokens_in_context, self.image_tokens_in_context
             self._reply.usage = ReplyUsage(
                 input_tokens=len(self.context_ids),
@@ -330,15 +383,22 @@ class ThinkerSession:
         # A token is only chosen if it can be fed later with the closing still fitting after it.
         if len(self.context_ids) + 1 + _CLOSING_RESERVE > self.max_seq_len:
             return (yield from self._finish_step(reply, "context_exhausted", index))
-        token = self._choose(self._last_logits)
+        calls = reply.calls
+        token = self._choose(self._last_logits, calls.allowed() if calls is not None else None)
         if token in self.tokens.eos:
             return (yield from self._finish_step(reply, "stop", index))
         reply.token_ids.append(token)
+        in_call = calls is not None and calls.accept(token)
         text = self._new_text(reply)
-        if len(reply.token_ids) >= reply.limit:
+        if calls is not None and calls.over_limit():
             yield from self._finish_work(reply, reply.limit_reason)
-            return Step(token, text + self._flush_text(reply), index, reply.limit_reason)
-        return Step(token, text, index)
+            return Step(token, text + self._flush_text(reply), index, reply.limit_reason, call=True)
+        if len(reply.token_ids) >= reply.limit and not (calls is not None and calls.in_call):
+            # A call that ran past the limit is whole: the reply ends as if on EOS.
+            reason = "stop" if calls is not None and calls.finished and in_call else reply.limit_reason
+            yield from self._finish_work(reply, reason)
+            return Step(token, text + self._flush_text(reply), index, reason, call=in_call)
+        return Step(token, text, index, call=in_call)
 
     def interrupt(self) -> None:
         """Ask the running reply to stop before its next step (thread-safe, never blocks)."""
@@ -396,6 +456,133 @@ class ThinkerSession:
         self._previous_context = len(self.context_ids)
         return reply.text
 
+    # ------------------------------------------------------------------ history edits
+
+    def set_system_prompt(self, system_ids: list[int]) -> bool:
+        """`system_prompt_work` run alone (see there)."""
+        return self._runner.run_alone(self.system_prompt_work(system_ids))
+
+    def delete(self, key: str) -> bool:
+        """`delete_work` run alone (see there)."""
+        return self._runner.run_alone(self.delete_work(key))
+
+    def talker_view(self) -> TalkerView:
+        """The history as the talker restarts from it after a rebuild (thinker_history.py)."""
+        return self.history.talker_view(self.context_ids, self.tokens.im_start)
+
+    @torch.inference_mode()
+    def system_prompt_work(self, system_ids: list[int]) -> Work:
+        """Make the history start with this system message (`<|im_start|>system\\n...<|im_end|>\\n`;
+        none when empty).
+
+        Before the first turn it is only noted (the first prefill feeds it). Later, a different one
+        replaces the old one: the KV is kept up to the first token where they differ and the rest
+        of the history is re-prefilled. Returns whether the history was rebuilt; raises
+        ThinkerError(`context_exhausted`), changing nothing, when the result would not fit.
+        """
+        self._sync_row()
+        system_ids = [int(i) for i in system_ids]
+        current = self.history.system
+        old = self.context_ids[: self.history.end(0, len(self.context_ids))] if current is not None else []
+        if current is not None and old == system_ids:
+            return False
+        if not self.context_ids:
+            self._unfed_system = system_ids
+            return False
+        if not system_ids and current is None:
+            return False
+        self._check_fits(len(self.context_ids) - len(old) + len(system_ids) + len(self.pending))
+        if self.replying:
+            yield from self._finish_work(self._reply, "interrupted")
+        if not system_ids:  # no system prompt any more
+            yield from self._rebuild_work(0, 1, [])
+            return True
+        common = 0
+        while common < min(len(old), len(system_ids)) - 1 and old[common] == system_ids[common]:
+            common += 1
+        segment = Segment(None, 0, system=True)
+        yield from self._rebuild_work(0, 1 if current is not None else 0, [(segment, system_ids)], kept_tokens=common)
+        return True
+
+    @torch.inference_mode()
+    def delete_work(self, key: str) -> Work:
+        """Remove the turn named `key` (and, for a reply's key, the reply) from the history: the KV
+        is kept up to it and the rest is re-prefilled. Returns False (changing nothing) when the
+        history holds no such turn."""
+        self._sync_row()
+        index = self.history.index_of(key)
+        if index is None:
+            return False
+        if self.replying:
+            yield from self._finish_work(self._reply, "interrupted")
+        yield from self._rebuild_work(index, 1, [])
+        return True
+
+    def _insert_work(self, index: int, key: str | None, ids: list[int], turn: dict[str, Any]) -> Work:
+        self._check_fits(len(self.context_ids) + len(self.pending) + len(ids))
+        kept = yield from self._rebuild_work(index, 0, [(Segment(key, 0, turn_media(turn)), ids)])
+        self.turns += 1
+        length = len(self.context_ids)
+        return Prefill(new_tokens=length - kept, cached_tokens=kept, context_tokens=length, rebuilt=True,
+                       multimodal_hidden=torch.zeros(0, self.thinker.config.text_config.hidden_size))
+
+    def _check_fits(self, length: int) -> None:
+        if length + _CLOSING_RESERVE > self.max_seq_len:
+            raise ThinkerError(
+                "context_exhausted",
+                f"the conversation would need {length + _CLOSING_RESERVE} tokens but this session's context holds {self.max_seq_len}",
+            )
+
+    def _rebuild_work(self, index: int, remove: int, insert: list[tuple[Segment, list[int]]],
+                      kept_tokens: int = 0) -> Work:
+        """Replace `remove` segments at `index` with `insert` ((segment, its token ids) each) and
+        re-prefill the context from the first changed position: the KV before it is kept, and
+        `kept_tokens` more, the first inserted segment's leading ids that the context holds there
+        already (text only). Returns the kept length (what the next reply reuses at most)."""
+        segments = self.history.segments
+        length = len(self.context_ids)
+        keep = (segments[index].start if index < len(segments) else length) + kept_tokens
+        tail = [(s, self.context_ids[s.start : self.history.end(i, length)])
+                for i, s in enumerate(segments) if i >= index + remove]
+        if remove and index + remove == len(segments):
+            self.pending = []  # the closing of the removed last turn's reply
+        reply = self._reply if self._reply is not None and self._reply.rollback is None else None
+        reply_segment = self.history.containing(reply.start - 1) if reply is not None else None
+        reply_offset = reply.start - reply_segment.start if reply is not None and reply_segment is not None else 0
+        self.history.segments = segments[:index]
+        self._crop_to(keep)
+        for position, (segment, ids) in enumerate(insert + tail):
+            skip = kept_tokens if position == 0 else 0
+            segment.start = len(self.context_ids) - skip
+            self.history.segments.append(segment)
+            if skip:  # the rest of a system message: text, no user parts
+                yield from self._refeed(ids[skip:], {})
+            else:
+                segment.user_parts = yield from self._refeed(ids, segment.media)
+        tok = self.tokens
+        self.audio_tokens_in_context = sum(1 for i in self.context_ids if i == tok.audio_pad)
+        self.image_tokens_in_context = sum(1 for i in self.context_ids if i in (tok.image_pad, tok.video_pad))
+        self._previous_context = min(self._previous_context, keep)
+        if reply is not None and reply_segment is not None:
+            if any(s is reply_segment for s in self.history.segments):
+                reply.start = reply_segment.start + reply_offset
+            else:
+                self._reply = None  # deleted: nothing left to truncate
+        return keep
+
+    def _refeed(self, ids: list[int], media: dict[str, Any]) -> Work:
+        """One segment's tokens through the model at the end of the context -> its talker user parts."""
+        embeds, deepstack, visual_mask = self._embed(ids, media)
+        positions = self._positions(ids, media)
+        user_mask, mm_mask = self._user_and_multimodal_masks(ids)
+        want_hidden = self.accept_layer is not None and bool(mm_mask.any())
+        logits, hidden = yield from self._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden)
+        self._append(ids, positions)
+        self._last_logits = logits
+        if self.omni.talker is None:
+            return []
+        return self._talker_user_parts(ids, user_mask, mm_mask, hidden)
+
     # ------------------------------------------------------------------ internals
 
     def _finish_step(self, reply: _Reply, reason: str, index: int) -> Work:
@@ -425,8 +612,9 @@ class ThinkerSession:
             reply.fed += 1
             self._last_logits = logits
 
-    def _choose(self, logits: torch.Tensor) -> int:
-        logits = logits.float().cpu().masked_fill(self._suppress, float("-inf"))
+    def _choose(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
+        banned = self._suppress if allowed is None else self._suppress | ~allowed
+        logits = logits.float().cpu().masked_fill(banned, float("-inf"))
         s = self.sampling
         if s.temperature <= 0:
             return int(torch.argmax(logits))
@@ -560,6 +748,7 @@ class ThinkerSession:
             self._runner.cache.set_length(self._row(), length)
             del self.context_ids[length:]
             del self._positions_after[length:]
+        self.history.forget_from(length)
         self._role = self._role_after(self.context_ids, None)
 
     def _role_after(self, ids: list[int], role: int | None) -> int | None:
@@ -606,6 +795,52 @@ class ThinkerSession:
                 mm_hidden = torch.zeros(0, self.thinker.config.text_config.hidden_size, device=self.omni.device)
             parts.append(TalkerUserPart(ids_t[start:end], mask, mm_hidden))
         return parts
+
+    # ------------------------------------------------------------------ side passes
+
+    def checkpoint(self, *, before_last_user_message: bool = False) -> Checkpoint:
+        """The session as it is, for `restore` after an out-of-band pass over its context (a
+        transcript, nodes/qwen3_omni/transcription.py): the history, the last reply (it can still be
+        truncated after), the logits a next step starts from, the sampling. No forward.
+        `before_last_user_message`: `restore` forgets the context's last user message too."""
+        length = len(self.context_ids)
+        if before_last_user_message:
+            ids = self.context_ids
+            length = next((i for i in range(len(ids) - 2, -1, -1)
+                           if ids[i] == self.tokens.im_start and ids[i + 1] == self.tokens.user), length)
+        return Checkpoint(length, list(self.pending), self.turns, self._reply, self._last_logits,
+                          self._previous_context, self.sampling, self._generator)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Undo what happened since `checkpoint` (an out-of-band pass, finished or not): the context
+        is cropped back to its length, the rest of the state is the checkpoint's. No forward."""
+        if self._closed:
+            return
+        self._sync_row()
+        self._crop_to(min(checkpoint.length, len(self.context_ids)))
+        tok = self.tokens
+        self.audio_tokens_in_context = sum(1 for i in self.context_ids if i == tok.audio_pad)
+        self.image_tokens_in_context = sum(1 for i in self.context_ids if i in (tok.image_pad, tok.video_pad))
+        self.pending = list(checkpoint.pending)
+        self.turns = checkpoint.turns
+        self._reply, self._last_logits = checkpoint.reply, checkpoint.last_logits
+        self._previous_context = min(checkpoint.previous_context, len(self.context_ids))
+        self.sampling, self._generator = checkpoint.sampling, checkpoint.generator
+        self._interrupt.clear()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A `ThinkerSession`'s state for `restore` (see `ThinkerSession.checkpoint`)."""
+
+    length: int
+    pending: list[int]
+    turns: int
+    reply: _Reply | None
+    last_logits: torch.Tensor | None
+    previous_context: int
+    sampling: Sampling
+    generator: torch.Generator | None
 
 
 class _SlotHolder:

@@ -17,6 +17,7 @@ G.711 uses the ITU-T tables, computed once with numpy (256 entries to decode, 65
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,11 @@ def parse_format(value: dict | str) -> AudioFormat:
         if value in BETA_ALIASES:
             return AudioFormat(*BETA_ALIASES[value])
         raise UnsupportedFormat(f"Unsupported audio format {value!r}; use audio/pcm, audio/pcmu or audio/pcma.")
+    channels = value.get("channels")
+    if channels not in (None, 1):
+        # Not an OpenAI field, but a client that sends it means it: interleaved stereo read as
+        # mono would play at half speed.
+        raise UnsupportedFormat(f"Audio is mono only: got channels {channels!r}; mix the audio down to one channel and omit `channels` (or send 1).")
     kind = value.get("type") or PCM
     rate = value.get("rate")
     if kind == PCM:
@@ -118,12 +124,21 @@ ALAW_ENCODE = _alaw_encode_table()
 # --------------------------------------------------------------------------- decode / encode
 
 
-class OddByteCount(ValueError):
+class InvalidAudio(ValueError):
+    """Appended bytes the server would otherwise misread (error code `invalid_audio`)."""
+
+
+class OddByteCount(InvalidAudio):
+    pass
+
+
+class WavHeaderMismatch(InvalidAudio):
     pass
 
 
 def decode(data: bytes, fmt: AudioFormat) -> np.ndarray:
     """Wire bytes -> float32 mono in [-1, 1] at `fmt.rate`."""
+    _reject_mismatched_wav(data, fmt)
     if fmt.type == PCM:
         if len(data) % 2:
             raise OddByteCount(f"audio/pcm is 16-bit: {len(data)} bytes is not a whole number of samples.")
@@ -132,6 +147,24 @@ def decode(data: bytes, fmt: AudioFormat) -> np.ndarray:
         table = ULAW_DECODE if fmt.type == PCMU else ALAW_DECODE
         pcm = table[np.frombuffer(data, dtype=np.uint8)]
     return pcm.astype(np.float32) / 32768.0
+
+
+def _reject_mismatched_wav(data: bytes, fmt: AudioFormat) -> None:
+    """A whole WAV file appended as if it were raw samples: refused when its own header says
+    another layout (stereo, another rate, not 16-bit PCM), which would otherwise be heard as
+    noise or at the wrong speed without a word. A header that matches the session passes (its
+    44 bytes are 22 samples of click)."""
+    if len(data) < 36 or data[:4] != b"RIFF" or data[8:12] != b"WAVE" or data[12:16] != b"fmt ":
+        return
+    encoding, channels, rate = struct.unpack_from("<HHI", data, 20)
+    bits = struct.unpack_from("<H", data, 34)[0]
+    expected = {PCM: (1, 16), PCMU: (7, 8), PCMA: (6, 8)}[fmt.type]
+    if channels != 1 or rate != fmt.rate or (encoding, bits) != expected:
+        raise WavHeaderMismatch(
+            f"This audio is a WAV file ({channels} channel(s), {rate} Hz, {bits}-bit, encoding {encoding}) but the session's "
+            f"input format is {fmt.type} mono at {fmt.rate} Hz: send raw mono samples in that format "
+            "(strip the WAV header; downmix and resample first, or set session.audio.input.format)."
+        )
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:

@@ -16,21 +16,34 @@ import numpy as np
 
 from graph.messages import Usage
 from session_server.realtime import events as ev
-from session_server.realtime.audio_formats import AudioFormat, OddByteCount, decode
+from session_server.realtime.audio_formats import AudioFormat, InvalidAudio, decode
 from session_server.realtime.events import RealtimeError
 
 
 @dataclass
 class Item:
+    """A conversation item: a `message` (role + content), a `function_call` the model made (or the
+    client added), or a `function_call_output` the client sent back."""
+
     id: str
     role: str
     content: list[dict[str, Any]]
     status: str = "completed"
     response_id: str | None = None
     audio_ms: float = 0.0  # assistant audio sent to the client
+    type: str = "message"
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status, "role": self.role, "content": self.content}
+        wire: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == "function_call":
+            return {**wire, "call_id": self.call_id, "name": self.name, "arguments": self.arguments or ""}
+        if self.type == "function_call_output":
+            return {**wire, "call_id": self.call_id, "output": self.output or ""}
+        return {**wire, "role": self.role, "content": self.content}
 
 
 def new_id(prefix: str) -> str:
@@ -49,6 +62,19 @@ def usage_wire(usage: Usage) -> dict[str, Any]:
             "cached_tokens": usage.cached_tokens,
         },
         "output_token_details": {"text_tokens": usage.output_text_tokens, "audio_tokens": usage.output_audio_tokens},
+    }
+
+
+def transcription_usage_wire(usage: dict[str, int]) -> dict[str, Any]:
+    """A transcript's token usage (GA `type: "tokens"`): the context the pass read, its output."""
+    input_tokens, output_tokens = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+    return {
+        "type": "tokens",
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+        "input_token_details": {"text_tokens": int(usage.get("input_text_tokens", 0)),
+                                "audio_tokens": int(usage.get("input_audio_tokens", 0))},
     }
 
 
@@ -71,7 +97,7 @@ def response_wire(
         "id": response.id,
         "status": status,
         "status_details": details,
-        "output": [response.item.to_wire()] if response.item is not None and status != "in_progress" else [],
+        "output": [] if status == "in_progress" else [item.to_wire() for item in response.output_items],
         "conversation_id": None if settings.out_of_band else f"conv_{session_id}",
         "output_modalities": list(settings.output_modalities),
         "max_output_tokens": "inf" if settings.max_output_tokens is None else settings.max_output_tokens,
@@ -102,7 +128,7 @@ def item_content(item: ev.ItemParam, input_format: AudioFormat) -> tuple[dict[st
             data = decode_base64(part.audio or "", f"{param}.audio")
             try:
                 audio.append(decode(data, input_format))
-            except OddByteCount as exc:
+            except InvalidAudio as exc:
                 raise RealtimeError("invalid_audio", str(exc), f"{param}.audio") from None
             content.append({"type": "input_audio", "transcript": part.transcript})
         else:  # input_image: a data URL

@@ -3,7 +3,8 @@
 Names and shapes follow the OpenAI Realtime GA API (the `openai` SDK's `types/realtime` are the
 authority). Beta field names that clients still send are accepted and mapped onto GA ones in
 `session_config.py` (`modalities`, `voice`, `input_audio_format`, `turn_detection`...).
-Extensions for sglang-omni session clients live under `sglang` and in `sglang.*` events.
+Extensions for sglang-omni session clients live under `sglang`, in `sglang.*` events and in
+`session.close` (their session protocol: sglang_session.py).
 
 `parse_client_event(text)` returns a typed event or raises `RealtimeError` with the code,
 message and `param` (a dotted path such as `session.audio.input.format.type`) a client can act on.
@@ -51,6 +52,7 @@ class AudioFormatParam(msgspec.Struct, kw_only=True):
     # Validated in session_config (unsupported values get code `unsupported_audio_format`).
     type: str | None = None
     rate: int | None = None
+    channels: int | None = None  # not OpenAI's; anything but 1 is refused (audio is mono)
 
 
 class TurnDetectionParam(msgspec.Struct, kw_only=True):
@@ -64,10 +66,19 @@ class TurnDetectionParam(msgspec.Struct, kw_only=True):
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
+class TranscriptionParam(msgspec.Struct, kw_only=True):
+    """`audio.input.transcription`: transcripts of the user's committed audio (session_config.py).
+    `model` is echoed as given; the session's own model transcribes."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputParam(msgspec.Struct, kw_only=True):
     format: AudioFormatParam | str | UnsetType = UNSET
     turn_detection: TurnDetectionParam | None | UnsetType = UNSET
-    transcription: Any = UNSET
+    transcription: TranscriptionParam | None | UnsetType = UNSET
     noise_reduction: Any = UNSET
 
 
@@ -103,7 +114,43 @@ class SamplingParam(msgspec.Struct, kw_only=True, omit_defaults=True):
     talker_max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
+class TimebaseParam(msgspec.Struct, kw_only=True):
+    native_unit_ms: float | None = None
+    microturn_ms: float | None = None
+
+
+class SessionExtensionParam(SamplingParam, kw_only=True, omit_defaults=True):
+    """`session.sglang`: this server's sampling fields, and the negotiation block of sglang-omni's
+    native session protocol (`sglang_session.py` grants or rejects each of these)."""
+
+    interaction: str | None = None
+    tail_policy: str | None = None
+    timebase: TimebaseParam | None = None
+    sampling: dict[str, Any] | None = None
+    reference_audio: Any = None
+    tts_reference_audio: Any = None
+    max_slice_nums: int | None = None
+
+
 Modality = Literal["text", "audio"]
+
+
+class ToolParam(msgspec.Struct, kw_only=True):
+    """A tool (`session.tools`, `response.tools`). Only `function` tools are served; the rest of the
+    checks (names, schemas) are in session_config.py."""
+
+    type: str = "function"
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolChoiceParam(msgspec.Struct, kw_only=True):
+    type: str
+    name: str | None = None
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceParam
 
 
 class SessionParam(msgspec.Struct, kw_only=True):
@@ -113,8 +160,10 @@ class SessionParam(msgspec.Struct, kw_only=True):
     output_modalities: list[Modality] | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     audio: AudioParam | UnsetType = UNSET
-    sglang: SamplingParam | UnsetType = UNSET
-    tools: list[Any] | UnsetType = UNSET
+    sglang: SessionExtensionParam | UnsetType = UNSET
+    tools: list[ToolParam] | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
+    parallel_tool_calls: bool | UnsetType = UNSET
     # beta aliases
     modalities: list[Modality] | UnsetType = UNSET
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
@@ -122,6 +171,7 @@ class SessionParam(msgspec.Struct, kw_only=True):
     input_audio_format: str | UnsetType = UNSET
     output_audio_format: str | UnsetType = UNSET
     turn_detection: TurnDetectionParam | None | UnsetType = UNSET
+    input_audio_transcription: TranscriptionParam | None | UnsetType = UNSET
     temperature: float | UnsetType = UNSET
 
 
@@ -142,6 +192,8 @@ class ItemParam(msgspec.Struct, kw_only=True):
     status: str | None = None
     call_id: str | None = None
     output: str | None = None
+    name: str | None = None
+    arguments: str | None = None
 
 
 class ResponseAudioOutputParam(msgspec.Struct, kw_only=True):
@@ -161,6 +213,9 @@ class ResponseParam(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None | UnsetType = UNSET
     audio: ResponseAudioParam | UnsetType = UNSET
     input: list[Any] | UnsetType = UNSET
+    tools: list[ToolParam] | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
+    parallel_tool_calls: bool | UnsetType = UNSET
     sglang: SamplingParam | UnsetType = UNSET
     # beta aliases
     modalities: list[Modality] | UnsetType = UNSET
@@ -244,6 +299,10 @@ class InputAudioEnd(ClientEvent, tag="sglang.input_audio.end"):
     pass
 
 
+class SessionClose(ClientEvent, tag="session.close"):
+    """sglang-omni session clients end a session this way: `session.closed`, then the close frame."""
+
+
 AnyClientEvent = (
     SessionUpdate
     | InputAudioBufferAppend
@@ -258,6 +317,7 @@ AnyClientEvent = (
     | ResponseCancel
     | InputImageAppend
     | InputAudioEnd
+    | SessionClose
 )
 
 EVENT_TYPES: frozenset[str] = frozenset(
@@ -285,12 +345,14 @@ def parse_client_event(text: str | bytes) -> ClientEvent:
         # One pass straight into the event type (~20x faster than a dict and then `convert`;
         # every 20 ms audio append comes through here). Anything wrong is diagnosed below.
         return _typed.decode(text)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         pass
     try:
         raw = _json.decode(text)
     except msgspec.DecodeError as exc:
         raise RealtimeError("invalid_json", f"The event is not valid JSON: {exc}.") from None
+    except RecursionError:  # msgspec's guard on nesting (about the interpreter's recursion limit)
+        raise RealtimeError("invalid_json", "The event is nested too deeply.") from None
     if not isinstance(raw, dict):
         raise RealtimeError("invalid_json", "An event must be a JSON object.")
     event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
@@ -305,9 +367,31 @@ def parse_client_event(text: str | bytes) -> ClientEvent:
             event_id=event_id,
         )
     try:
-        return msgspec.convert(raw, AnyClientEvent)
+        return msgspec.convert(_without_nulls(raw), AnyClientEvent)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc), kind, event_id) from None
+
+
+# Fields where an explicit `null` means "off" (GA), not "not given".
+_NULL_MEANS_OFF = frozenset({"turn_detection", "transcription", "noise_reduction", "input_audio_transcription",
+                             "input_audio_noise_reduction"})
+
+
+def _without_nulls(event: dict[str, Any]) -> dict[str, Any]:
+    """The event with every `null` field removed, except those where null means "off": the GA types
+    declare optional fields with default null, and clients send it (LiveKit's `"instructions": null`).
+    A tool's JSON schema (`parameters`) is kept as given. In place and without recursion (a deeply
+    nested event cannot exhaust the stack)."""
+    stack: list[Any] = [event]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in [k for k, v in node.items() if v is None and k not in _NULL_MEANS_OFF]:
+                del node[key]
+            stack.extend(v for k, v in node.items() if isinstance(v, (dict, list)) and k != "parameters")
+        else:
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    return event
 
 
 def _validation_error(text: str, kind: str, event_id: str | None) -> RealtimeError:

@@ -19,9 +19,19 @@ Nothing here awaits or touches a socket, so both transports share every rule bel
 Who decides what:
 - the `dialog` node owns utterances (VAD turns, commits, clears) and turn ids; it reports them
   as `NodeEvent`s (`speech_started`, `committed`, `turn_queued`...);
-- this protocol owns the conversation (items, `previous_item_id` links), responses and their
+- this protocol owns the conversation (items, `previous_item_id` links; an item deleted, or
+  created before the end, goes to the model as a dialog `delete_item` / `add_item` with
+  `insert_after`, and the thinker rebuilds its KV from there), responses and their
   lifecycle, barge-in (a `speech_started` during a reply cancels it when `interrupt_response`),
-  and every client-facing error.
+  and every client-facing error;
+- the thinker transcribes committed utterances when the session config has `transcription` (the
+  dialog marks them) and reports `transcription_*` NodeEvents, which become the
+  `conversation.item.input_audio_transcription.*` events; a `transcription` session commits and
+  transcribes but never creates a response;
+- `sglang_session.py` holds what an sglang-omni session client negotiated (the grant in
+  `session.sglang.granted`, its 16 kHz default input rate); `dialect.py` names the GA events this
+  protocol emits for beta clients (the transports apply `protocol.dialect.outgoing`). Every
+  acknowledgement of a client command carries its `event_id` as `client_event_id`.
 
 States. The session is OPEN until `session.closed` has been queued, then CLOSED: nothing is
 accepted or sent after that. A response goes QUEUED -> IN_PROGRESS -> DONE (or QUEUED -> DONE
@@ -36,17 +46,20 @@ from __future__ import annotations
 import base64
 import enum
 import itertools
+import json
 from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
+
 from graph.messages import (
     AudioChunk,
     AudioOut,
     Command,
     Control,
+    FunctionCall,
     ImageFrame,
     Interrupt,
     Message,
@@ -58,13 +71,36 @@ from graph.messages import (
     Usage,
 )
 from session_server.realtime import events as ev
-from session_server.realtime.audio_formats import OddByteCount, OutputEncoder, decode
-from session_server.realtime.conversation import Item, decode_base64, item_content, new_id, response_wire
+from session_server.realtime.audio_formats import InvalidAudio, OutputEncoder, decode
+from session_server.realtime.conversation import (
+    Item,
+    decode_base64,
+    item_content,
+    new_id,
+    response_wire,
+    transcription_usage_wire,
+)
+from session_server.realtime.dialect import Dialect
 from session_server.realtime.events import RealtimeError
-from session_server.realtime.session_config import ResponseSettings, SessionConfig, apply_update, response_settings
+from session_server.realtime.input_bounds import check_image, check_text
+from session_server.realtime.session_config import (
+    ResponseSettings,
+    ServedModel,
+    SessionConfig,
+    apply_update,
+    response_settings,
+)
+from session_server.realtime.sglang_session import (
+    NATIVE_UNIT_MS,
+    TAIL_POLICY,
+    Negotiation,
+    check_timeline,
+)
 
 # Largest base64 payload of one append or image, as sent (OpenAI's limit is 15 MiB per append).
 MAX_APPEND_CHARS = 15 * 1024 * 1024
+# Input bounds of a protocol built without the served model's facts (tests, the client-secret check).
+_DEFAULT_BOUNDS = ServedModel(model="")
 
 
 @dataclass(frozen=True)
@@ -120,6 +156,21 @@ class CloseSession:
 
 Action = SendEvent | SendAudio | SendToGraph | ControlGraph | CloseSession
 
+def _reply_params(response_id: str, settings: ResponseSettings) -> ReplyParams:
+    return ReplyParams(
+        response_id=response_id,
+        output_modalities=settings.output_modalities,
+        instructions=settings.instructions,
+        max_output_tokens=settings.max_output_tokens,
+        voice=settings.voice,
+        out_of_band=settings.out_of_band,
+        sampling=settings.sampling,
+        tools=tuple(tool.to_wire() for tool in settings.tools),
+        tool_choice=settings.tool_choice,
+        parallel_tool_calls=settings.parallel_tool_calls,
+    )
+
+
 # WebSocket close codes the adapters use.
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1011, 1013
 
@@ -153,6 +204,11 @@ class Response:
     encoder: OutputEncoder | None = None
     output_tokens: int = 0
     held: list[Message] = field(default_factory=list)  # graph output that arrived while QUEUED
+    calls: list[Item] = field(default_factory=list)  # function_call items, after the message item
+
+    @property
+    def output_items(self) -> list[Item]:
+        return ([self.item] if self.item is not None else []) + self.calls
 
     @property
     def audio(self) -> bool:
@@ -161,7 +217,7 @@ class Response:
 
 class RealtimeProtocol:
     def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True,
-                 reply_input: str = AUDIO_INPUT):
+                 reply_input: str = AUDIO_INPUT, served: ServedModel | None = None):
         self.session_id = session_id
         # The graph input for automatic replies (`replies` where the profile routes it straight
         # to the dialog node; `audio` otherwise).
@@ -169,7 +225,7 @@ class RealtimeProtocol:
         # False: reply audio leaves as `SendAudio` actions (a media track), not `output_audio.delta` events.
         self.audio_deltas = audio_deltas
         self.state = SessionState.OPEN
-        self.config = SessionConfig(model=model)
+        self.config = SessionConfig(model=model, served=served)
         self.max_append_chars = max_append_chars
         self.items: dict[str, Item] = {}  # the conversation, in order
         self.responses: dict[str, Response] = {}  # QUEUED and IN_PROGRESS, in order
@@ -185,12 +241,25 @@ class RealtimeProtocol:
         self._input_ended = False  # sglang.input_audio.end received
         self._ended_acknowledged = False
         self._drained_sent = False
+        # The client's dialect (GA or beta: names on the way out, dialect.py) and what it
+        # negotiated as an sglang-omni session client (grant, input rate: sglang_session.py).
+        self.dialect = Dialect()
+        self.negotiation = Negotiation()
+        self._end_event_id: str | None = None  # event_id of sglang.input_audio.end (acks carry it)
+        self._consumed_ms = 0.0  # input the dialog had taken in when input ended
 
     # ------------------------------------------------------------------ entry points
 
     def graph_config(self) -> dict[str, Any]:
-        """The session config nodes start with (`SessionInfo.config`)."""
-        return self.config.to_graph()
+        """The session config nodes start with (`SessionInfo.config`), and what every `configure`
+        command carries: `SessionConfig.to_graph()` plus `auto_reply`, the reply an automatic
+        commit gets (None: none, a transcription session). The dialog makes that reply with the
+        commit itself, as one turn — the utterance and its reply request go through preprocessing,
+        the encoders and the thinker's prefill once, with no round trip through this protocol —
+        and names it in the `committed` event (`response_id`)."""
+        graph = self.config.to_graph()
+        graph["auto_reply"] = None if self.config.type == "transcription" else _reply_params("", response_settings(self.config, None))
+        return graph
 
     def configure_initial(self, session: dict[str, Any]) -> None:
         """Start from a session config given before the session opens (minted into an ephemeral
@@ -199,10 +268,13 @@ class RealtimeProtocol:
         if session:
             event = ev.parse_client_event(msgspec.json.encode({"type": "session.update", "session": session}))
             assert isinstance(event, ev.SessionUpdate)
+            self._check_instructions(event.session, "session.instructions")
             self.config = apply_update(self.config, event.session, turns_processed=False, audio_produced=False)
+            self.negotiation.observe_update(event.session)
+            self.config = self._sglang_input_default(self.config)
 
     def open(self) -> list[Action]:
-        self._send("session.created", session=self.config.to_wire(self.session_id))
+        self._send("session.created", session=self._session_wire())
         return self._flush()
 
     def reject(self, code: str, message: str, close_code: int = CLOSE_TRY_AGAIN) -> list[Action]:
@@ -241,7 +313,7 @@ class RealtimeProtocol:
             return []
         if isinstance(message, NodeEvent):
             self._node_event(message)
-        elif isinstance(message, (TextDelta, AudioOut, TurnDone)):
+        elif isinstance(message, (TextDelta, AudioOut, TurnDone, FunctionCall)):
             response = self._response_for(message)
             if response is not None:
                 if response.state is ResponseState.QUEUED:
@@ -277,11 +349,43 @@ class RealtimeProtocol:
             raise
 
     def _on_SessionUpdate(self, event: ev.SessionUpdate) -> None:
-        self.config = apply_update(self.config, event.session, turns_processed=self._turns_processed, audio_produced=self._audio_produced)
-        graph = self.config.to_graph()
+        self._check_instructions(event.session, "session.instructions")
+        config = apply_update(self.config, event.session, turns_processed=self._turns_processed, audio_produced=self._audio_produced)
+        self.dialect.observe_session_update(event.session)
+        self.negotiation.observe_update(event.session)
+        self.config = self._sglang_input_default(config)
+        graph = self.graph_config()
         self._to_graph(Command(target="silero_vad", name="configure", args=graph))
         self._to_graph(Command(target="dialog", name="configure", args=graph))
-        self._send("session.updated", session=self.config.to_wire(self.session_id))
+        self._send("session.updated", client_event_id=event.event_id, session=self._session_wire())
+
+    def _on_SessionClose(self, event: ev.SessionClose) -> None:
+        for response in reversed(list(self.responses.values())):  # queued first: none starts meanwhile
+            if response.state is ResponseState.IN_PROGRESS:
+                self._cancel(response, "client_closed")
+            else:
+                self._finish(response, "cancelled")
+        self._end_session("client_closed", CLOSE_NORMAL, client_event_id=event.event_id)
+
+    def _session_wire(self) -> dict[str, Any]:
+        """The session as `session.created` / `.updated` show it, with sglang-omni's grant."""
+        wire = self.config.to_wire(self.session_id)
+        wire.setdefault("sglang", {})["granted"] = self.negotiation.grant(self.config, max_image_bytes=self.max_append_chars * 3 // 4)
+        return wire
+
+    def _sglang_input_default(self, config: SessionConfig) -> SessionConfig:
+        """16 kHz input for an sglang-dialect client that named no rate, until audio fixes the rate."""
+        if self.negotiation.rate_fixed:
+            return config
+        input_format = self.negotiation.default_input(config.input_format)
+        return config if input_format is None else replace(config, input_format=input_format)
+
+    def _fix_input_rate(self, sglang_fields: bool) -> None:
+        """The first append fixes the input rate; its `sglang` fields mark an sglang-dialect client."""
+        if not self.negotiation.rate_fixed:
+            self.negotiation.speaks_sglang |= sglang_fields
+            self.config = self._sglang_input_default(self.config)
+            self.negotiation.rate_fixed = True
 
     def _on_InputAudioBufferAppend(self, event: ev.InputAudioBufferAppend) -> None:
         seq = event.sglang.seq if event.sglang is not None else None
@@ -296,15 +400,18 @@ class RealtimeProtocol:
         if seq is not None and seq != self._next_seq:
             raise RealtimeError("invalid_seq", f"sglang.seq must be contiguous from 0: expected {self._next_seq}, got {seq}.", "sglang.seq")
         data = decode_base64(event.audio, "audio")
+        self._fix_input_rate(event.sglang is not None)
         fmt = self.config.input_format
+        if event.sglang is not None:
+            check_timeline(event.sglang.t_start_ms, self._input_ms, fmt.rate)
         try:
             samples = decode(data, fmt)
-        except OddByteCount as exc:
+        except InvalidAudio as exc:  # odd byte count; a WAV file whose header disagrees with the format
             raise RealtimeError("invalid_audio", str(exc), "audio") from None
         self._input_audio(samples, fmt.rate)
         if seq is not None:
             self._next_seq += 1
-            self._send("sglang.input_audio.accepted", seq=seq, accepted_end_ms=round(self._input_ms, 3))
+            self._send("sglang.input_audio.accepted", seq=seq, accepted_end_ms=round(self._input_ms, 3), client_event_id=event.event_id)
 
     def _input_audio(self, samples: Any, sample_rate: int) -> None:
         if len(samples):
@@ -326,24 +433,61 @@ class RealtimeProtocol:
 
     def _on_ConversationItemCreate(self, event: ev.ConversationItemCreate) -> None:
         item = event.item
-        if item.type != "message":
-            raise RealtimeError("unsupported", f"Items of type {item.type!r} are not supported yet (no function tools).", "item.type")
-        if item.role is None:
+        if item.type == "message" and item.role is None:
             raise RealtimeError("missing_required_parameter", "A message item needs a `role`.", "item.role")
         if item.id is not None and item.id in self.items:
             raise RealtimeError("invalid_value", f"Item id {item.id!r} already exists in the conversation.", "item.id")
-        last = next(reversed(self.items), None)
-        if event.previous_item_id not in (None, last):
-            raise RealtimeError("unsupported", "Items can only be appended at the end of the conversation.", "previous_item_id")
-        args, content = item_content(item, self.config.input_format)
+        position = self._insert_position(event.previous_item_id)
         item_id = item.id or new_id("item")
-        self._to_graph(Command(target="dialog", name="add_item", args={"item_id": item_id, "role": item.role, **args}))
+        if item.type == "message":
+            args, content = item_content(item, self.config.input_format)
+            graph_args, added = {"item_id": item_id, "role": item.role, **args}, Item(item_id, item.role, content)
+        else:
+            graph_args, added = self._function_item(item, item_id)
+        check_text(graph_args.get("text"), self._bounds.max_text_tokens, "item.content")
+        for image in graph_args.get("images", ()):
+            check_image(image, self._bounds.max_image_pixels, "item.content")
+        if position is not None:  # the model's history is rebuilt from there
+            graph_args["insert_after"] = [_history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
+        self._to_graph(Command(target="dialog", name="add_item", args=graph_args))
         self._turns_processed = True
-        self._add_item(Item(item_id, item.role, content))
+        self._add_item(added, at=position)
+
+    def _insert_position(self, previous_item_id: str | None) -> int | None:
+        """Where a created item goes in the conversation: None = at the end (`previous_item_id`
+        missing, null or the last item), 0 for `"root"` (the very start), else after that item."""
+        keys = list(self.items)
+        if previous_item_id is None or (keys and previous_item_id == keys[-1]):
+            return None
+        if previous_item_id == "root":
+            return 0 if keys else None
+        if previous_item_id not in self.items:
+            raise RealtimeError("item_not_found", f"Item {previous_item_id!r} does not exist in the conversation.", "previous_item_id")
+        return keys.index(previous_item_id) + 1
+
+    def _function_item(self, item: ev.ItemParam, item_id: str) -> tuple[dict[str, Any], Item]:
+        """A `function_call_output` (a function's result for the model) or a `function_call` the
+        client adds itself: the graph arguments of the turn and the conversation item."""
+        if not item.call_id:
+            raise RealtimeError("missing_required_parameter", f"A {item.type} item needs a `call_id`.", "item.call_id")
+        if item.type == "function_call_output":
+            if item.output is None:
+                raise RealtimeError("missing_required_parameter", "A function_call_output item needs an `output`.", "item.output")
+            added = Item(item_id, "tool", [], type=item.type, call_id=item.call_id, output=item.output)
+            return {"item_id": item_id, "role": "tool", "text": item.output}, added
+        if not item.name:
+            raise RealtimeError("missing_required_parameter", "A function_call item needs a `name`.", "item.name")
+        arguments = item.arguments or "{}"
+        try:
+            json.loads(arguments)
+        except (ValueError, RecursionError):
+            raise RealtimeError("invalid_value", "`arguments` must be JSON text.", "item.arguments") from None
+        added = Item(item_id, "assistant", [], type=item.type, call_id=item.call_id, name=item.name, arguments=arguments)
+        return {"item_id": item_id, "role": "assistant", "call": {"name": item.name, "arguments": arguments}}, added
 
     def _on_ConversationItemTruncate(self, event: ev.ConversationItemTruncate) -> None:
         item = self._item(event.item_id)
-        if item.role != "assistant" or item.response_id is None:
+        if item.type != "message" or item.role != "assistant" or item.response_id is None:
             raise RealtimeError("invalid_value", "Only assistant audio items can be truncated.", "item_id")
         if event.content_index != 0:
             raise RealtimeError("invalid_value", "An assistant item has one content part (content_index 0).", "content_index")
@@ -366,19 +510,23 @@ class RealtimeProtocol:
         self._send("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
 
     def _on_ConversationItemDelete(self, event: ev.ConversationItemDelete) -> None:
-        self._item(event.item_id)
+        item = self._item(event.item_id)
         del self.items[event.item_id]
+        # The model forgets it too (its KV is rebuilt from there, in order with the turns).
+        self._to_graph(Command(target="dialog", name="delete_item", args={"item_id": item.id, "response_id": item.response_id}))
         self._send("conversation.item.deleted", item_id=event.item_id)
 
     def _on_ConversationItemRetrieve(self, event: ev.ConversationItemRetrieve) -> None:
         self._send("conversation.item.retrieved", item=self._item(event.item_id).to_wire())
 
     def _on_ResponseCreate(self, event: ev.ResponseCreate) -> None:
+        self._refuse_in_transcription_session("response.create")
         if self.responses:
             raise RealtimeError(
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {next(iter(self.responses))}. Wait for response.done.",
             )
+        self._check_instructions(event.response, "response.instructions")
         settings = response_settings(self.config, event.response)
         self._create_response(settings)
 
@@ -392,17 +540,26 @@ class RealtimeProtocol:
         if len(event.image) > self.max_append_chars:
             raise RealtimeError("image_too_large", f"An image may be at most {self.max_append_chars} base64 characters.", "image")
         data = decode_base64(event.image, "image")
-        if not (data.startswith(b"\xff\xd8\xff") or data.startswith(b"\x89PNG\r\n\x1a\n")):
-            raise RealtimeError("invalid_image", "The image must be a JPEG or PNG.", "image")
+        check_image(data, self._bounds.max_image_pixels, "image")
         t_ms = event.sglang.t_ms if event.sglang is not None and event.sglang.t_ms is not None else self._input_ms
         self._to_graph(ImageFrame(image=data, media_ms=float(t_ms)))
-        self._send("sglang.input_image.accepted", t_ms=t_ms)
+        self._send("sglang.input_image.accepted", t_ms=t_ms, unit_id=f"unit_{int(t_ms // NATIVE_UNIT_MS)}", client_event_id=event.event_id)
 
     def _on_InputAudioEnd(self, event: ev.InputAudioEnd) -> None:
         if self._input_ended:
             raise RealtimeError("input_audio_ended", "Input audio was already ended.")
         self._input_ended = True
+        self._end_event_id = event.event_id
         self._to_graph(Command(target="dialog", name="input_end"))
+
+    @property
+    def _bounds(self) -> ServedModel:
+        return self.config.served or _DEFAULT_BOUNDS
+
+    def _check_instructions(self, params: Any, param: str) -> None:
+        instructions = getattr(params, "instructions", None) if params is not None else None
+        if isinstance(instructions, str):
+            check_text(instructions, self._bounds.max_text_tokens, param)
 
     # ------------------------------------------------------------------ graph output
 
@@ -425,7 +582,7 @@ class RealtimeProtocol:
                 item_id=fields["item_id"],
             )
         elif kind == "committed":
-            self._committed(fields)
+            self._committed(fields, event.turn_id)
         elif kind == "cleared":
             self._send("input_audio_buffer.cleared")
         elif kind == "turn_queued":
@@ -435,15 +592,21 @@ class RealtimeProtocol:
                 self.responses[response_id].turn_id = event.turn_id
         elif kind == "input_ended":
             self._ended_acknowledged = True
-            self._send("sglang.input_audio.ended", audio_end_ms=round(self._input_ms, 3))
+            accepted = round(self._input_ms, 3)
+            # What the dialog took in: all accepted audio but a last partial VAD window (discarded).
+            self._consumed_ms = min(float(fields.get("audio_end_ms", accepted)), accepted)
+            self._send("sglang.input_audio.ended", audio_end_ms=accepted, accepted_end_ms=accepted, tail_policy=TAIL_POLICY,
+                       client_event_id=self._end_event_id)
             self._maybe_drained()
         elif kind == "error":
             dropped = self.responses.get(fields.get("response_id") or "")
             if dropped is not None and dropped.state is ResponseState.QUEUED:
                 self._advance(dropped, ResponseState.DONE)
             self._error(RealtimeError(fields["code"], fields["message"], fields.get("param")))
+        elif kind.startswith("transcription_"):
+            self._transcription_event(kind, fields)
 
-    def _committed(self, fields: dict[str, Any]) -> None:
+    def _committed(self, fields: dict[str, Any], turn_id: int) -> None:
         item_id = fields["item_id"]
         previous = next(reversed(self.items), None)
         self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
@@ -451,16 +614,31 @@ class RealtimeProtocol:
         content += [{"type": "input_image", "image_url": None}] * int(fields.get("image_count", 0))
         self._turns_processed = True
         self._add_item(Item(item_id, "user", content))
+        if self.config.type == "transcription":
+            return  # transcripts only: the dialog marked the turn for one; no reply
         detection = self.config.turn_detection
         if fields.get("auto_reply") and (detection is None or detection.create_response):
-            # The dialog made this commit already, so the reply need not queue behind the audio
-            # appended since (on a loaded server, hundreds of ms in the VAD's inbox).
-            self._create_response(response_settings(self.config, None), graph_input=self.reply_input)
+            settings = response_settings(self.config, None)
+            if fields.get("response_id"):  # the dialog made the reply with the commit (`graph_config`)
+                response = Response(fields["response_id"], settings, turn_id=turn_id)
+                self._by_turn[turn_id] = response.id
+                self._queue(response)
+            else:
+                # The reply need not queue behind the audio appended since the commit (on a
+                # loaded server, hundreds of ms in the VAD's inbox): it goes to the reply input.
+                self._create_response(settings, graph_input=self.reply_input)
 
     def _reply_output(self, response: Response, message: Message) -> None:
         if response.state is not ResponseState.IN_PROGRESS:
             return
-        assert response.item is not None
+        if isinstance(message, FunctionCall):
+            self._function_call(response, message)
+            return
+        if isinstance(message, TurnDone):
+            self._finish(response, message.status, reason=message.reason, usage=message.usage, transcript=message.transcript)
+            return
+        if response.item is None:
+            return  # a function-call response says nothing
         if isinstance(message, TextDelta):
             response.text.append(message.text)
             response.output_tokens += len(message.token_ids)
@@ -477,25 +655,59 @@ class RealtimeProtocol:
             data = response.encoder.encode(message.samples, message.sample_rate)
             response.item.audio_ms = response.encoder.duration_ms
             self._send("response.output_audio.delta", **self._part_ref(response), delta=base64.b64encode(data).decode("ascii"))
-        elif isinstance(message, TurnDone):
-            self._finish(response, message.status, reason=message.reason, usage=message.usage, transcript=message.transcript)
+
+    def _function_call(self, response: Response, call: FunctionCall) -> None:
+        """A call the reply made: its own output item (after the message item, if any), its
+        arguments whole in one delta (they are only known valid once complete)."""
+        item = Item(new_id("item"), "assistant", [], status="in_progress", response_id=response.id, type="function_call",
+                    call_id=new_id("call"), name=call.name, arguments="")
+        index = len(response.output_items)
+        response.calls.append(item)
+        self._send("response.output_item.added", response_id=response.id, output_index=index, item=item.to_wire())
+        if not response.settings.out_of_band:
+            self._add_item(item, done=False)
+        ref = {"response_id": response.id, "item_id": item.id, "output_index": index, "call_id": item.call_id}
+        self._send("response.function_call_arguments.delta", **ref, delta=call.arguments)
+        item.arguments, item.status = call.arguments, "completed"
+        self._send("response.function_call_arguments.done", **ref, name=call.name, arguments=call.arguments)
+        self._send("response.output_item.done", response_id=response.id, output_index=index, item=item.to_wire())
+        if not response.settings.out_of_band:
+            self._send("conversation.item.done", previous_item_id=self._previous(item.id), item=item.to_wire())
+
+    # ------------------------------------------------------------------ user transcripts
+
+    def _transcription_event(self, kind: str, fields: dict[str, Any]) -> None:
+        """The transcript of a committed user audio item, as the thinker's out-of-band pass reports
+        it (nodes/qwen3_omni/transcription.py): deltas, then completed (kept on the item) or failed."""
+        ref = {"item_id": fields["item_id"], "content_index": 0}  # the item's input_audio part
+        if kind == "transcription_delta":
+            self._send("conversation.item.input_audio_transcription.delta", **ref, delta=fields["delta"])
+        elif kind == "transcription_completed":
+            item = self.items.get(fields["item_id"])
+            if item is not None and item.content:
+                # New objects: events already queued hold the old ones.
+                item.content = [{**item.content[0], "transcript": fields["transcript"]}, *item.content[1:]]
+            self._send("conversation.item.input_audio_transcription.completed", **ref,
+                       transcript=fields["transcript"], usage=transcription_usage_wire(fields.get("usage") or {}))
+        elif kind == "transcription_failed":
+            error = {"type": "server_error", "code": fields["code"], "message": fields["message"], "param": None}
+            self._send("conversation.item.input_audio_transcription.failed", **ref, error=error)
+
+    def _refuse_in_transcription_session(self, event: str) -> None:
+        if self.config.type == "transcription":
+            raise RealtimeError("unsupported", f"A transcription session makes transcripts only; {event} is not served in it.", "type")
 
     # ------------------------------------------------------------------ responses
 
     def _create_response(self, settings: ResponseSettings, graph_input: str = AUDIO_INPUT) -> None:
         response = Response(new_id("resp"), settings)
-        self.responses[response.id] = response
-        reply = ReplyParams(
-            response_id=response.id,
-            output_modalities=settings.output_modalities,
-            instructions=settings.instructions,
-            max_output_tokens=settings.max_output_tokens,
-            voice=settings.voice,
-            out_of_band=settings.out_of_band,
-            sampling=settings.sampling,
-        )
         self._turns_processed = True
+        reply = _reply_params(response.id, settings)
         self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}), graph_input)
+        self._queue(response)
+
+    def _queue(self, response: Response) -> None:
+        self.responses[response.id] = response
         if self._active() is None:
             self._start(response)
 
@@ -516,6 +728,14 @@ class RealtimeProtocol:
         self._advance(response, ResponseState.IN_PROGRESS)
         settings = response.settings
         self._send("response.created", response=response_wire(self.session_id, response, "in_progress"))
+        if not settings.forced_call:  # a forced call's output is the call(s) alone: no message item
+            self._open_message(response)
+        held, response.held = response.held, []
+        for message in held:
+            self._reply_output(response, message)
+
+    def _open_message(self, response: Response) -> None:
+        settings = response.settings
         content = {"type": "output_audio", "transcript": ""} if response.audio else {"type": "output_text", "text": ""}
         response.item = Item(new_id("item"), "assistant", [], status="in_progress", response_id=response.id)
         response.encoder = OutputEncoder(settings.output_format) if response.audio else None
@@ -525,9 +745,6 @@ class RealtimeProtocol:
         response.item.content.append(content)
         part = {"type": "audio", "transcript": ""} if response.audio else {"type": "text", "text": ""}
         self._send("response.content_part.added", **self._part_ref(response), part=part)
-        held, response.held = response.held, []
-        for message in held:
-            self._reply_output(response, message)
 
     def _cancel(self, response: Response, reason: str) -> None:
         self._control(Interrupt(turn_id=response.turn_id, response_id=response.id, reason=reason))
@@ -545,9 +762,18 @@ class RealtimeProtocol:
         if response.state is ResponseState.QUEUED:
             self._advance(response, ResponseState.DONE)  # never announced: it ends without events
             return
+        if response.item is not None:
+            self._close_message(response, status, "".join(response.text) or transcript)
+        self._advance(response, ResponseState.DONE)
+        if usage is None:
+            usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
+        self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
+        self._start_next()
+        self._maybe_drained()
+
+    def _close_message(self, response: Response, status: str, text: str) -> None:
         item = response.item
         assert item is not None
-        text = "".join(response.text) or transcript
         ref = self._part_ref(response)
         if response.audio:
             tail = response.encoder.flush() if response.encoder is not None and status == "completed" and self.audio_deltas else b""
@@ -565,12 +791,6 @@ class RealtimeProtocol:
         self._send("response.output_item.done", response_id=response.id, output_index=0, item=item.to_wire())
         if not response.settings.out_of_band and item.id in self.items:
             self._send("conversation.item.done", previous_item_id=self._previous(item.id), item=item.to_wire())
-        self._advance(response, ResponseState.DONE)
-        if usage is None:
-            usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
-        self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
-        self._start_next()
-        self._maybe_drained()
 
     def _start_next(self) -> None:
         if self.state is SessionState.OPEN and self._active() is None:
@@ -581,9 +801,12 @@ class RealtimeProtocol:
     def _maybe_drained(self) -> None:
         if self._ended_acknowledged and not self.responses and not self._drained_sent:
             self._drained_sent = True
-            self._send("sglang.input_audio.drained")
+            accepted = round(self._input_ms, 3)
+            consumed = round(self._consumed_ms, 3)
+            self._send("sglang.input_audio.drained", accepted_end_ms=accepted, consumed_ms=consumed,
+                       discarded_ms=round(accepted - consumed, 3), padding_ms=0.0, client_event_id=self._end_event_id)
 
-    def _response_for(self, message: TextDelta | AudioOut | TurnDone) -> Response | None:
+    def _response_for(self, message: TextDelta | AudioOut | TurnDone | FunctionCall) -> Response | None:
         response_id = message.response_id or self._by_turn.get(message.turn_id, "")
         return self.responses.get(response_id)
 
@@ -600,9 +823,14 @@ class RealtimeProtocol:
         index = keys.index(item_id)
         return keys[index - 1] if index > 0 else None
 
-    def _add_item(self, item: Item, done: bool = True) -> None:
-        previous = next(reversed(self.items), None)
-        self.items[item.id] = item
+    def _add_item(self, item: Item, done: bool = True, at: int | None = None) -> None:
+        """Add `item` at the end of the conversation, or at index `at`."""
+        entries = list(self.items.items())
+        at = len(entries) if at is None else at
+        previous = entries[at - 1][0] if at > 0 else None
+        entries.insert(at, (item.id, item))
+        self.items.clear()
+        self.items.update(entries)
         self._send("conversation.item.added", previous_item_id=previous, item=item.to_wire())
         if done:
             self._send("conversation.item.done", previous_item_id=previous, item=item.to_wire())
@@ -624,12 +852,20 @@ class RealtimeProtocol:
         self._out.append(ControlGraph(control))
 
     def _closing(self, reason: str, code: int) -> list[Action]:
-        self._send("session.closed", reason=reason)
+        self._end_session(reason, code)
+        return self._flush()
+
+    def _end_session(self, reason: str, code: int, client_event_id: str | None = None) -> None:
+        self._send("session.closed", reason=reason, client_event_id=client_event_id)
         self.state = SessionState.CLOSED
         self.close_reason = reason
         self._out.append(CloseSession(code, reason))
-        return self._flush()
 
     def _flush(self) -> list[Action]:
         out, self._out = self._out, []
         return out
+
+
+def _history_key(item: Item) -> str:
+    """How the model's history names an item: a reply's items by their response id."""
+    return item.response_id or item.id

@@ -3,35 +3,123 @@
 `apply_update` validates a whole patch before changing anything, so a rejected `session.update`
 leaves the session exactly as it was. What the server does with each field:
 
-- `instructions`: the system prompt. It reaches the model with the first turn; once a turn has
-  been processed it cannot change (error `instructions_locked`, as in the sglang-omni profile).
+- `instructions`: the system prompt. It may change at any time and applies from the next turn:
+  the new system prompt replaces the old one at the start of the model's history, whose KV is
+  rebuilt from there (nodes/qwen3_omni/thinker_history.py).
 - `output_modalities`: `["audio"]` (spoken reply with transcript) or `["text"]`.
-- `max_output_tokens`: thinker tokens per reply (`"inf"` = the server's cap).
+- `max_output_tokens`: thinker tokens per reply; the echo is the bound in force (never above the
+  profile's cap, `ServedModel.max_output_tokens`; `"inf"` = the cap).
+- `tools` (function tools, JSON-schema `parameters` checked to be constrainable), `tool_choice`,
+  `parallel_tool_calls`: the session's defaults for replies; `response.create` may override them.
 - `audio.input.format`: `audio/pcm` 24000 or 16000, `audio/pcmu`, `audio/pcma` (8 kHz).
 - `audio.input.turn_detection`: `server_vad` (threshold 0.5, prefix 300 ms, silence 500 ms),
   `semantic_vad` (served as server VAD with a silence window from `eagerness`), or `null`.
-- `audio.output.voice`: only until the session has produced audio (error `voice_locked`).
+- `audio.output.voice`: only until the session has produced audio (error `voice_locked`); the
+  echo names the speaker that really speaks (`ServedModel.voice`).
 - `audio.output.format`: as the input formats (output is resampled from 24 kHz when needed).
 - `sglang`: sampling (temperature, top_p, top_k, talker_*...), applied from the next reply.
+- `audio.input.transcription` {model, language, prompt}: transcripts of committed user audio,
+  made by the session's own model (`model` is echoed as given, `session.sglang.transcription.
+  served_by` says which model served it); `null` turns them off.
+- `type`: `realtime`, or `transcription` (transcripts only, no replies; the wire form is the GA
+  transcription session's). It may change only until the first turn (`session_type_locked`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import msgspec
 from msgspec import UNSET
 
-from session_server.realtime.audio_formats import AudioFormat, UnsupportedFormat, parse_format
+from session_server.realtime.audio_formats import (
+    AudioFormat,
+    UnsupportedFormat,
+    parse_format,
+)
 from session_server.realtime.events import (
     AudioFormatParam,
     RealtimeError,
     ResponseParam,
     SamplingParam,
     SessionParam,
+    ToolChoiceParam,
+    ToolParam,
+    TranscriptionParam,
     TurnDetectionParam,
 )
+from session_server.realtime.input_bounds import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_TEXT_TOKENS,
+)
+from session_server.realtime.sglang_session import sampling_values
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the loaded graph serves, as far as a session's config is concerned."""
+
+    model: str
+    max_output_tokens: int | None = None  # the profile's per-reply cap (None: none known)
+    speakers: tuple[str, ...] = ()  # the checkpoint's voices (empty: any voice is taken as given)
+    default_speaker: str | None = None
+    voice_aliases: dict[str, str] = field(default_factory=dict)  # e.g. {"alloy": "ethan"} (talker `voices`)
+    max_text_tokens: int = DEFAULT_MAX_TEXT_TOKENS  # the profile's `limits` (realtime/input_bounds.py)
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+    def voice(self, requested: str | None) -> str | None:
+        """The speaker that will really speak for `requested` (the talker's own rule)."""
+        if not self.speakers:
+            return requested
+        if requested:
+            name = self.voice_aliases.get(requested.lower(), requested.lower())
+            if name in self.speakers:
+                return name
+        return self.default_speaker or self.speakers[0]
+
+    def reply_tokens(self, requested: int | None) -> int | None:
+        """The reply token bound in force: the client's, never above the profile's cap."""
+        if self.max_output_tokens is None:
+            return requested
+        return self.max_output_tokens if requested is None else min(requested, self.max_output_tokens)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "function", "name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+SESSION_TYPES = ("realtime", "transcription")
+# A transcription prompt goes through the model with every transcript: bounded like an instruction.
+MAX_TRANSCRIPTION_PROMPT_CHARS = 4096
+LANGUAGE_CODE = re.compile(r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")  # ISO-639-1 (or -3), optional region
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """`audio.input.transcription`: the session's own model transcribes; `model` is only echoed."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": self.model, "language": self.language, "prompt": self.prompt}
+
+    def to_graph(self, keep_in_history: bool) -> dict[str, Any]:
+        # keep_in_history False (transcription sessions): the utterance leaves the model's context
+        # with its transcript, so a long transcription session never fills it.
+        return {"language": self.language, "prompt": self.prompt, "keep_in_history": keep_in_history}
+
 
 # semantic_vad is served by the same silero VAD; eagerness picks how long a pause ends a turn.
 SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 300}
@@ -85,9 +173,17 @@ class SessionConfig:
     turn_detection: TurnDetection | None = TurnDetection()
     voice: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"type": "function", "name"}
+    parallel_tool_calls: bool = True
+    served: ServedModel | None = None
+    type: str = "realtime"  # or "transcription": transcripts only, no replies
+    transcription: Transcription | None = None
 
     def to_wire(self, session_id: str) -> dict[str, Any]:
         """The full effective session, as `session.created` / `session.updated` carry it."""
+        if self.type == "transcription":
+            return self._transcription_session_wire(session_id)
         return {
             "type": "realtime",
             "object": "realtime.session",
@@ -95,9 +191,10 @@ class SessionConfig:
             "model": self.model,
             "output_modalities": list(self.output_modalities),
             "instructions": self.instructions,
-            "max_output_tokens": "inf" if self.max_output_tokens is None else self.max_output_tokens,
-            "tools": [],
-            "tool_choice": "auto",
+            "max_output_tokens": _tokens_wire(self.served.reply_tokens(self.max_output_tokens) if self.served else self.max_output_tokens),
+            "tools": [tool.to_wire() for tool in self.tools],
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "tracing": None,
             "truncation": "disabled",
             "prompt": None,
@@ -106,14 +203,18 @@ class SessionConfig:
             "audio": {
                 "input": {
                     "format": self.input_format.to_wire(),
-                    "transcription": None,
+                    "transcription": self._transcription_wire(),
                     "noise_reduction": None,
                     "turn_detection": None if self.turn_detection is None else self.turn_detection.to_wire(),
                 },
-                "output": {"format": self.output_format.to_wire(), "voice": self.voice, "speed": 1.0},
+                "output": {"format": self.output_format.to_wire(), "voice": self.spoken_voice, "speed": 1.0},
             },
-            "sglang": dict(self.sampling),
+            "sglang": {**self.sampling, **self._served_wire()},
         }
+
+    @property
+    def spoken_voice(self) -> str | None:
+        return self.served.voice(self.voice) if self.served else self.voice
 
     def to_graph(self) -> dict[str, Any]:
         """What nodes read from `SessionInfo.config` and `configure` commands."""
@@ -122,12 +223,66 @@ class SessionConfig:
             "instructions": self.instructions,
             "voice": self.voice,
             "sampling": dict(self.sampling),
+            "tools": [tool.to_wire() for tool in self.tools],
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            **self._transcription_graph(),
         }
+
+    # ------------------------------------------------------------------ transcription
+
+    def _transcription_wire(self) -> dict[str, Any] | None:
+        if self.transcription is None:
+            return None
+        return self.transcription.to_wire()
+
+    def _served_wire(self) -> dict[str, Any]:
+        """Which model serves the transcripts, under `session.sglang`: not inside the GA
+        transcription object, which strict clients parse field by field (pipecat)."""
+        return {"transcription": {"served_by": self.model}} if self.transcription is not None else {}
+
+    def _transcription_session_wire(self, session_id: str) -> dict[str, Any]:
+        """A `transcription` session as GA shows one: input audio only, nothing about replies."""
+        detection = None
+        if self.turn_detection is not None:
+            detection = {key: value for key, value in self.turn_detection.to_wire().items()
+                         if key not in ("create_response", "interrupt_response")}
+        return {
+            "type": "transcription",
+            "object": "realtime.transcription_session",
+            "id": session_id,
+            "expires_at": 0,
+            "include": None,
+            "sglang": self._served_wire(),
+            "audio": {
+                "input": {
+                    "format": self.input_format.to_wire(),
+                    "transcription": self._transcription_wire(),
+                    "noise_reduction": None,
+                    "turn_detection": detection,
+                },
+            },
+        }
+
+    def _transcription_graph(self) -> dict[str, Any]:
+        """`transcription` for the dialog (it marks committed turns for a transcript); a
+        transcription session never answers, so its turns are not awaited by a reply either."""
+        graph: dict[str, Any] = {
+            "transcription": None if self.transcription is None else self.transcription.to_graph(
+                keep_in_history=self.type == "realtime"),
+        }
+        if self.type == "transcription" and self.turn_detection is not None:
+            graph["turn_detection"] = {**self.turn_detection.to_graph(), "create_response": False}
+        return graph
+
+
+def _tokens_wire(value: int | None) -> int | str:
+    return "inf" if value is None else value
 
 
 def _format(value: AudioFormatParam | str, param: str) -> AudioFormat:
     try:
-        return parse_format(value if isinstance(value, str) else {"type": value.type, "rate": value.rate})
+        return parse_format(value if isinstance(value, str) else {"type": value.type, "rate": value.rate, "channels": value.channels})
     except UnsupportedFormat as exc:
         raise RealtimeError("unsupported_audio_format", str(exc), param) from None
 
@@ -163,30 +318,130 @@ def _max_tokens(value: int | str, param: str) -> int | None:
     return value
 
 
+def _tools(value: list[ToolParam], param: str) -> tuple[Tool, ...]:
+    tools: list[Tool] = []
+    for index, tool in enumerate(value):
+        at = f"{param}[{index}]"
+        if tool.type != "function":
+            raise RealtimeError("unsupported", f"Tools of type {tool.type!r} are not served; use \"function\" tools.", f"{at}.type")
+        if tool.name is None:
+            raise RealtimeError("missing_required_parameter", "A function tool needs a `name`.", f"{at}.name")
+        if not TOOL_NAME.match(tool.name):
+            raise RealtimeError("invalid_value", "A tool name is 1-64 characters of a-z, A-Z, 0-9, _ and -.", f"{at}.name")
+        if any(t.name == tool.name for t in tools):
+            raise RealtimeError("invalid_value", f"Two tools are named {tool.name!r}.", f"{at}.name")
+        parameters = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
+        _check_schema(parameters, f"{at}.parameters")
+        tools.append(Tool(tool.name, tool.description or "", parameters))
+    return tuple(tools)
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    """The arguments' JSON schema must describe an object, and one that calls can be constrained to
+    (the thinker decodes arguments under it: a schema it cannot compile would fail mid-reply)."""
+    import xgrammar
+
+    if schema.get("type", "object") != "object":
+        raise RealtimeError("invalid_value", "A function's `parameters` must be a JSON schema of type \"object\".", param)
+    try:
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with the reason
+        raise RealtimeError("invalid_value", f"`parameters` is not a JSON schema this server can follow: {exc}", param) from None
+
+
+def _tool_choice(value: str | ToolChoiceParam, param: str) -> str | dict[str, str]:
+    if isinstance(value, str):
+        return value
+    if value.type != "function":
+        raise RealtimeError("unsupported", f"tool_choice of type {value.type!r} is not served; name a function.", f"{param}.type")
+    if not value.name:
+        raise RealtimeError("missing_required_parameter", "tool_choice {type: \"function\"} needs a `name`.", f"{param}.name")
+    return {"type": "function", "name": value.name}
+
+
+def _check_tool_choice(choice: str | dict[str, str], tools: tuple[Tool, ...], param: str) -> str | dict[str, str]:
+    if isinstance(choice, dict) and not any(tool.name == choice["name"] for tool in tools):
+        raise RealtimeError("invalid_value", f"tool_choice names {choice['name']!r}, which is not one of the tools.", f"{param}.name")
+    if choice == "required" and not tools:
+        raise RealtimeError("invalid_value", "tool_choice \"required\" needs at least one tool.", param)
+    return choice
+
+
 def _voice(value: Any) -> str:
     return value if isinstance(value, str) else value.id
 
 
+# What the samplers compute with these values: logits / temperature, and logits * or / the
+# repetition penalty. Bounded to [0.01, 100] (temperature 0 is greedy: no division), a logit is
+# scaled at most 100x and stays finite in fp32/bf16, so softmax never meets inf or nan. Applied
+# to the merged values, whichever name each came under (GA/beta `temperature`, `sglang.*`).
+SAMPLER_SCALE_RANGE = (0.01, 100.0)
+_SCALED = ("temperature", "talker_temperature", "repetition_penalty", "talker_repetition_penalty")
+
+
+def check_sampling(sampling: dict[str, Any], at: str) -> dict[str, Any]:
+    low, high = SAMPLER_SCALE_RANGE
+    for name in _SCALED:
+        value = sampling.get(name)
+        if value is None or (name == "temperature" and value == 0):
+            continue
+        if not low <= value <= high:  # also false for nan
+            param = f"{at}.temperature" if name == "temperature" else f"{at}.sglang.{name}"
+            allowed = "0 (greedy) or " if name == "temperature" else ""
+            raise RealtimeError("invalid_value", f"{name} must be {allowed}between {low:g} and {high:g}, got {value!r}.", param)
+    return sampling
+
+
 def _sampling(value: SamplingParam, current: dict[str, Any]) -> dict[str, Any]:
     merged = dict(current)
-    merged.update(msgspec.structs.asdict(value))
+    merged.update(sampling_values(value))  # flat fields, and sglang-omni's nested `sampling`
     return {key: number for key, number in merged.items() if number is not None}
+
+
+def _type_and_transcription(config: SessionConfig, patch: SessionParam, turns_processed: bool) -> dict[str, Any]:
+    """`session.type` and `audio.input.transcription` (beta: `input_audio_transcription`) of a patch."""
+    changes: dict[str, Any] = {}
+    if patch.type is not UNSET and patch.type != config.type:
+        if patch.type not in SESSION_TYPES:
+            raise RealtimeError("unsupported", f"Session type {patch.type!r} is not served; use \"realtime\" or \"transcription\".", "session.type")
+        if turns_processed:
+            raise RealtimeError("session_type_locked", "The session type cannot change after the first turn; open a new session instead.", "session.type")
+        changes["type"] = patch.type
+    audio_in = patch.audio.input if patch.audio is not UNSET else UNSET
+    value = audio_in.transcription if audio_in is not UNSET else UNSET
+    param = "session.audio.input.transcription"
+    if value is UNSET and patch.input_audio_transcription is not UNSET:
+        value, param = patch.input_audio_transcription, "session.input_audio_transcription"
+    if value is not UNSET:
+        changes["transcription"] = _transcription(value, param)
+    elif changes.get("type") == "transcription" and config.transcription is None:
+        changes["transcription"] = Transcription()  # a transcription session transcribes unless told `null`
+    return changes
+
+
+def _transcription(value: TranscriptionParam | None, param: str) -> Transcription | None:
+    if value is None:
+        return None
+    if value.language is not None and not LANGUAGE_CODE.match(value.language):
+        raise RealtimeError("invalid_value", "language must be an ISO-639-1 code such as \"en\".", f"{param}.language")
+    if value.prompt is not None and len(value.prompt) > MAX_TRANSCRIPTION_PROMPT_CHARS:
+        raise RealtimeError("invalid_value", f"prompt may be at most {MAX_TRANSCRIPTION_PROMPT_CHARS} characters.", f"{param}.prompt")
+    return Transcription(model=value.model, language=value.language, prompt=value.prompt or None)
 
 
 def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed: bool, audio_produced: bool) -> SessionConfig:
     """A new config with `patch` applied, or `RealtimeError` and nothing changed."""
     changes: dict[str, Any] = {}
-    if patch.type is not UNSET and patch.type != "realtime":
-        raise RealtimeError("unsupported", f"Session type {patch.type!r} is not served; use \"realtime\".", "session.type")
-    if patch.tools is not UNSET and patch.tools:
-        raise RealtimeError("unsupported", "Function tools are not supported by this server yet.", "session.tools")
+    changes.update(_type_and_transcription(config, patch, turns_processed))
+    tools = _tools(patch.tools, "session.tools") if patch.tools is not UNSET else config.tools
+    if tools is not config.tools:
+        changes["tools"] = tools
+    if patch.tool_choice is not UNSET or tools is not config.tools:
+        choice = _tool_choice(patch.tool_choice, "session.tool_choice") if patch.tool_choice is not UNSET else config.tool_choice
+        changes["tool_choice"] = _check_tool_choice(choice, tools, "session.tool_choice")
+    if patch.parallel_tool_calls is not UNSET:
+        changes["parallel_tool_calls"] = patch.parallel_tool_calls
     if patch.instructions is not UNSET and patch.instructions != config.instructions:
-        if turns_processed:
-            raise RealtimeError(
-                "instructions_locked",
-                "instructions cannot change after the first turn was processed; open a new session instead.",
-                "session.instructions",
-            )
         changes["instructions"] = patch.instructions
     modalities = patch.output_modalities if patch.output_modalities is not UNSET else patch.modalities
     if modalities is not UNSET:
@@ -216,7 +471,7 @@ def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed:
     if voice is UNSET and patch.voice is not UNSET:
         voice = patch.voice
     if voice is not UNSET and _voice(voice) != config.voice:
-        if audio_produced:
+        if audio_produced and replace(config, voice=_voice(voice)).spoken_voice != config.spoken_voice:
             raise RealtimeError("voice_locked", "voice cannot change once the session has produced audio.", "session.audio.output.voice")
         changes["voice"] = _voice(voice)
     sampling = config.sampling
@@ -225,7 +480,7 @@ def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed:
     if patch.temperature is not UNSET:
         sampling = {**sampling, "temperature": patch.temperature}
     if sampling is not config.sampling:
-        changes["sampling"] = sampling
+        changes["sampling"] = check_sampling(sampling, "session")
     return replace(config, **changes)
 
 
@@ -249,6 +504,14 @@ class ResponseSettings:
     out_of_band: bool = False
     metadata: dict[str, str] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str | dict[str, str] = "auto"
+    parallel_tool_calls: bool = True
+
+    @property
+    def forced_call(self) -> bool:
+        """The reply is a function call from its first token (no spoken message)."""
+        return bool(self.tools) and self.tool_choice != "auto" and self.tool_choice != "none"
 
 
 def response_settings(config: SessionConfig, params: ResponseParam | None) -> ResponseSettings:
@@ -259,9 +522,12 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         voice=config.voice,
         output_format=config.output_format,
         sampling=dict(config.sampling),
+        tools=config.tools,
+        tool_choice=config.tool_choice,
+        parallel_tool_calls=config.parallel_tool_calls,
     )
     if params is None:
-        return settings
+        return replace(settings, max_output_tokens=config.served.reply_tokens(settings.max_output_tokens)) if config.served else settings
     changes: dict[str, Any] = {}
     if params.input is not UNSET:
         raise RealtimeError("unsupported", "response.input is not supported yet; the response uses the conversation.", "response.input")
@@ -292,5 +558,15 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         sampling = _sampling(params.sglang, sampling)
     if params.temperature is not UNSET:
         sampling = {**sampling, "temperature": params.temperature}
-    changes["sampling"] = sampling
+    changes["sampling"] = check_sampling(sampling, "response") if sampling is not settings.sampling else sampling
+    if config.served is not None:
+        changes["max_output_tokens"] = config.served.reply_tokens(changes.get("max_output_tokens", settings.max_output_tokens))
+    tools = _tools(params.tools, "response.tools") if params.tools is not UNSET else settings.tools
+    changes["tools"] = tools
+    choice = _tool_choice(params.tool_choice, "response.tool_choice") if params.tool_choice is not UNSET else settings.tool_choice
+    if params.tools is not UNSET and params.tool_choice is UNSET and isinstance(choice, dict):
+        choice = "auto"  # the session's named function may not be among this response's tools
+    changes["tool_choice"] = _check_tool_choice(choice, tools, "response.tool_choice")
+    if params.parallel_tool_calls is not UNSET:
+        changes["parallel_tool_calls"] = params.parallel_tool_calls
     return replace(settings, **changes)

@@ -7,7 +7,12 @@ All protocol rules live in `protocol.py`; this module only moves bytes and messa
 
 Auth runs before the handshake (session_server/auth.py: Bearer header, or the subprotocol
 `openai-insecure-api-key.KEY` offered next to `realtime`, which browsers must use); the server
-answers with the `realtime` subprotocol when offered.
+answers with the `realtime` subprotocol when offered. The `OpenAI-Beta: realtime=v1` header or
+the `openai-beta.realtime-v1` subprotocol chooses the beta dialect (realtime/dialect.py): events
+are renamed as they are serialized.
+
+`GET /v1/realtime?call_id=rtc_...` is not a session of its own: it attaches the socket to a live
+WebRTC call (the sideband, `session_server/webrtc/sideband.py`).
 
 Bounds (profile section `realtime:`; each says what the client sees):
 - `max_output_buffer_bytes` (4 MiB, about 40 s of 24 kHz audio as base64): events waiting for a
@@ -38,7 +43,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from graph.errors import SessionRejected
 from graph.messages import Message
+from graph.schema import convert_section
 from session_server.auth import request_key, subprotocols
+from session_server.realtime.dialect import BETA, beta_requested
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
@@ -52,6 +59,7 @@ from session_server.realtime.protocol import (
     realtime_unavailable,
     reply_input_for,
 )
+from session_server.realtime.served import served_model
 from session_server.state import ServerState
 
 log = logging.getLogger("session_server.realtime")
@@ -66,9 +74,12 @@ class RealtimeSettings:
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> RealtimeSettings:
-        section = dict(profile.get("realtime") or {})
+        section = profile.get("realtime")
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in section.items() if key in known})
+        unknown = sorted(set(section) - known) if isinstance(section, dict) else []
+        if unknown:
+            raise ValueError(f"realtime.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+        return convert_section(section, cls, "realtime")
 
 
 _encode = msgspec.json.Encoder().encode
@@ -96,6 +107,7 @@ class _Link:
         self.closed = asyncio.Event()
         self.close_code = 1000
         self.close_reason = ""
+        self.disconnected = False  # the client went away: no close frame to send
 
     # Apply the protocol's actions in order. Never blocks on the graph: graph-bound messages go
     # through `inputs` (the feeder awaits the graph), so the pump can always keep draining outputs.
@@ -130,9 +142,12 @@ class _Link:
 
     def _queue_event(self, event: dict[str, Any]) -> None:
         self._observe(event)
-        text = _encode(event).decode()
         if self.closed.is_set() and event["type"] != "session.closed":
             return
+        worded = self.protocol.dialect.outgoing(event)  # GA, or renamed for a beta client (dialect.py)
+        if worded is None:
+            return
+        text = _encode(worded).decode()
         self.outbox.append(text)
         self.outbox_bytes += len(text)
         self.outbox_ready.set()
@@ -147,6 +162,7 @@ class _Link:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
+                self.disconnected = True
                 self.apply(self.protocol.close("client_closed"))
                 return
             text = message.get("text")
@@ -189,12 +205,19 @@ class _Link:
 
 
 async def serve(websocket: WebSocket, state: ServerState) -> None:
+    call_id = websocket.query_params.get("call_id")
+    attach_to_call = getattr(websocket.app.state, "attach_to_call", None)
+    if call_id is not None and attach_to_call is not None:
+        await attach_to_call(websocket, call_id)  # a sideband of a WebRTC call, not a session of its own
+        return
     settings = RealtimeSettings.from_profile(state.settings.profile)
     offered = subprotocols(websocket.scope.get("headers", []))
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     session_id = f"sess_{secrets.token_hex(12)}"
     protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
-                                reply_input=reply_input_for(state.runtime.spec.inputs))
+                                reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
+    if beta_requested(websocket.scope.get("headers", []), offered):
+        protocol.dialect.choose(BETA)
     link = _Link(websocket, protocol, settings, state.metrics)
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []
@@ -206,6 +229,7 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
             try:
                 link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())
             except SessionRejected as rejected:
+                _unspend_key(websocket)  # no session: the ephemeral key stays good
                 link.apply(protocol.reject(rejected.code, rejected.message))
         if link.graph is not None:
             link.apply(protocol.open())
@@ -235,13 +259,23 @@ def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtoco
     if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
         return "realtime_unavailable", why
     minted_by = getattr(websocket.app.state, "client_secrets", None)
-    minted = minted_by.session_of(request_key(websocket.scope)) if minted_by is not None else None
+    key = request_key(websocket.scope)
+    minted = minted_by.session_of(key) if minted_by is not None else None
+    if minted is not None and not minted_by.redeem(key) and state.settings.api_key is not None:
+        return "invalid_api_key", "This ephemeral key was already used or has expired."
     if minted:
         try:
             protocol.configure_initial(minted)
         except RealtimeError as error:
             return error.code, error.message
     return None
+
+
+def _unspend_key(websocket: WebSocket) -> None:
+    minted_by = getattr(websocket.app.state, "client_secrets", None)
+    key = request_key(websocket.scope)
+    if minted_by is not None and key and minted_by.session_of(key) is not None:
+        minted_by.release(key)
 
 
 async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:
@@ -252,6 +286,7 @@ async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:
             for task in done:
                 if task is not closed and not task.cancelled() and task.exception() is not None:
                     exc = task.exception()
+                    link.disconnected = link.disconnected or isinstance(exc, WebSocketDisconnect)
                     if not isinstance(exc, WebSocketDisconnect):
                         log.error("realtime session %s: %s failed", link.protocol.session_id, task.get_name(), exc_info=exc)
                     link.apply(link.protocol.close("client_closed" if isinstance(exc, WebSocketDisconnect) else "internal_error"))
@@ -271,7 +306,7 @@ async def _finish(link: _Link, writer: asyncio.Task[None]) -> None:
     writer.cancel()
     with contextlib.suppress(BaseException):
         await writer
-    if link.close_reason != "client_closed":
+    if not link.disconnected:  # also after `session.close`: the client is still there for the close frame
         with contextlib.suppress(Exception):
             async with asyncio.timeout(timeout):
                 await link.websocket.close(link.close_code, link.close_reason[:120])

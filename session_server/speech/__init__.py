@@ -22,12 +22,13 @@ def install(app: FastAPI, state) -> SpeechService:
     from session_server.speech.batch import install_batch_route
     from session_server.speech.routes import install_speech_route
     from session_server.speech.stream_ws import install_stream_route
-    from session_server.speech.voices import install_voice_routes
+    from session_server.speech.voices import VOICE_FORM_OVERHEAD, install_voice_routes
 
     service = SpeechService(state.runtime, SpeechConfig.from_profile(state.settings.profile or {}), state.metrics)
     app.state.speech = service
     install_speech_route(app, service)
     install_batch_route(app, service)
     install_voice_routes(app, service)
+    state.request_size_limits["/v1/audio/voices"] = service.config.voice_max_bytes + VOICE_FORM_OVERHEAD
     install_stream_route(app, service)
     return service

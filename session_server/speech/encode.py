@@ -162,31 +162,86 @@ class StreamEncoder:
         return to_pcm16(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
 
 
-def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+class AudioTooLong(ValueError):
+    """The upload decodes to more than the caller's `max_seconds` (decoding stopped there)."""
+
+
+# Samples read per step when decoding an upload: memory stays max_seconds of audio plus one block.
+_DECODE_BLOCK_FRAMES = 65536
+
+
+def decode_audio(data: bytes, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Decode an uploaded file (wav, flac, ogg, mp3, aac, webm, mp4...) to float32 mono.
 
-    Raises ValueError when the bytes are not audio any decoder here understands.
+    Decodes block by block and stops as soon as the audio passes `max_seconds`, raising
+    `AudioTooLong`: a few hundred KiB of FLAC silence can hold an hour of audio (1.3 GB decoded),
+    so the length is never learnt by decoding it all. Raises ValueError when the bytes are not
+    audio any decoder here understands.
     """
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-        return np.ascontiguousarray(samples.mean(axis=1), dtype=np.float32), int(rate)
+        return _decode_with_soundfile(data, max_seconds)
+    except AudioTooLong:
+        raise
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
         pass
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise ValueError("the file has no audio stream")
-            stream = container.streams.audio[0]
-            rate = stream.codec_context.sample_rate or stream.rate
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            chunks: list[np.ndarray] = []
-            for frame in container.decode(stream):
-                for converted in resampler.resample(frame):
-                    chunks.append(converted.to_ndarray().reshape(-1))
-            for converted in resampler.resample(None):
-                chunks.append(converted.to_ndarray().reshape(-1))
+        return _decode_with_av(data, max_seconds)
+    except AudioTooLong:
+        raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError) as exc:
         raise ValueError(f"could not decode the audio: {exc}") from None
-    if not chunks or not rate:
+
+
+def _too_long(max_seconds: float) -> AudioTooLong:
+    return AudioTooLong(f"longer than {max_seconds:g} s")
+
+
+def _decode_with_soundfile(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, int]:
+    with soundfile.SoundFile(io.BytesIO(data)) as audio:
+        rate = int(audio.samplerate)
+        max_frames = None if max_seconds is None else int(max_seconds * rate)
+        if max_frames is not None and 0 < audio.frames and audio.frames > max_frames + _DECODE_BLOCK_FRAMES:
+            raise _too_long(max_seconds)  # the header already says so
+        blocks: list[np.ndarray] = []
+        total = 0
+        while True:
+            block = audio.read(_DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)
+            if len(block) == 0:
+                break
+            blocks.append(block.mean(axis=1).astype(np.float32))
+            total += len(block)
+            if max_frames is not None and total > max_frames:
+                raise _too_long(max_seconds)
+    if not blocks:
+        return np.zeros(0, dtype=np.float32), rate
+    return np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32), rate
+
+
+def _decode_with_av(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, int]:
+    with av.open(io.BytesIO(data), mode="r") as container:
+        if not container.streams.audio:
+            raise ValueError("the file has no audio stream")
+        stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate or stream.rate
+        if not rate:
+            raise ValueError("could not decode the audio: no sample rate")
+        max_samples = None if max_seconds is None else int(max_seconds * rate)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        chunks: list[np.ndarray] = []
+        total = 0
+
+        def keep(frames) -> None:
+            nonlocal total
+            for converted in frames:
+                chunk = converted.to_ndarray().reshape(-1)
+                chunks.append(chunk)
+                total += len(chunk)
+            if max_samples is not None and total > max_samples:
+                raise _too_long(max_seconds)
+
+        for frame in container.decode(stream):
+            keep(resampler.resample(frame))
+        keep(resampler.resample(None))
+    if not chunks:
         raise ValueError("could not decode the audio: no samples")
     return np.concatenate(chunks).astype(np.float32), int(rate)

@@ -119,6 +119,8 @@ def parse_speech(
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions must be a string", "instructions", "invalid_type")
+    if instructions is not None and len(instructions) > service.config.max_input_chars:
+        raise bad(f"instructions are longer than {service.config.max_input_chars} characters", "instructions", "input_too_long")
 
     max_new_tokens = body.get("max_new_tokens")
     if max_new_tokens is not None:

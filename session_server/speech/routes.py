@@ -58,8 +58,8 @@ def ensure_available(service: SpeechService) -> None:
 async def read_json(request: Request) -> Any:
     try:
         return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise SpeechError(400, "The request body is not valid JSON", None, "invalid_json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise SpeechError(400, "The request body is not valid JSON (or is nested too deeply)", None, "invalid_json") from None
 
 
 def rejected(exc: SessionRejected) -> SpeechError:

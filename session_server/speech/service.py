@@ -32,6 +32,7 @@ from typing import Any
 from graph.errors import SessionRejected
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone, Usage
 from graph.runtime import GraphRuntime
+from graph.schema import convert_section
 from session_server.speech.voice_registry import POLICIES, VoiceRegistry
 
 log = logging.getLogger("session_server.speech")
@@ -57,7 +58,8 @@ class SpeechConfig:
     voice_max_s: float = 60.0
     # Uploaded files larger than this get 413 before decoding (the reference's 10 MiB).
     voice_max_bytes: int = 10 * 1024 * 1024
-    # `input` longer than this gets 400 (a request must stay a bounded amount of work).
+    # `input` (or `instructions`) longer than this gets 400 `input_too_long` (a request must stay
+    # a bounded amount of work).
     max_input_chars: int = 4096
     # `max_new_tokens` above this gets 400.
     max_new_tokens: int = 8192
@@ -74,16 +76,14 @@ class SpeechConfig:
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> SpeechConfig:
-        raw = dict(profile.get("speech") or {})
+        raw = profile.get("speech")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(set(raw) - known) if isinstance(raw, dict) else []
         if unknown:
             raise ValueError(f"speech.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-        if "voices" in raw:
-            raw["voices"] = tuple(raw["voices"])
-        config = cls(**raw)
+        config = convert_section(raw, cls, "speech")  # types checked: one line naming the key
         if config.voice_policy not in POLICIES:
-            raise ValueError(f"speech.voice_policy must be one of {', '.join(POLICIES)}")
+            raise ValueError(f"speech.voice_policy: {config.voice_policy!r} is not allowed (allowed: {', '.join(POLICIES)})")
         return config
 
 

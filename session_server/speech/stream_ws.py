@@ -164,7 +164,7 @@ class SpeechStream:
             return None
         try:
             event = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             await self.error("invalid_json", "Messages must be JSON objects")
             return None
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):

@@ -9,7 +9,8 @@ not repeated under `voices`.
 Upload (multipart): `audio_sample` (a file of at most `speech.voice_max_bytes`, 10 MiB; larger
 gets 413 before it is decoded), `consent`, `name`, optional `ref_text` and
 `speaker_description`. Undecodable audio, or audio shorter or longer than the configured bounds,
-gets 400 and changes nothing.
+gets 400 `invalid_audio` and changes nothing; decoding stops as soon as the audio passes
+`speech.voice_max_s`, so a small file that holds hours of audio costs no more than the limit.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from session_server.errors import openai_error_response
-from session_server.speech.encode import decode_audio
+from session_server.speech.encode import AudioTooLong, decode_audio
 from session_server.speech.params import SpeechError
 from session_server.speech.routes import ensure_available, error_response
 from session_server.speech.service import SpeechService
@@ -32,7 +33,7 @@ from session_server.speech.voice_registry import VoiceError
 log = logging.getLogger("session_server.speech")
 
 # Multipart overhead allowed on top of the audio file itself before the body is refused unread.
-_FORM_OVERHEAD = 64 * 1024
+VOICE_FORM_OVERHEAD = 64 * 1024
 
 
 def voice_error(error: VoiceError) -> Response:
@@ -98,7 +99,7 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
             return error_response(error)
         limit = service.config.voice_max_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit + _FORM_OVERHEAD:
+        if declared is not None and declared.isdigit() and int(declared) > limit + VOICE_FORM_OVERHEAD:
             return _too_large(limit)
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             return openai_error_response(400, "Upload a voice as multipart/form-data", "invalid_request_error", None, "invalid_content_type")
@@ -120,7 +121,9 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
             if len(data) > limit:
                 return _too_large(limit)
             try:
-                samples, rate = await asyncio.to_thread(decode_audio, data)
+                samples, rate = await asyncio.to_thread(decode_audio, data, service.config.voice_max_s)
+            except AudioTooLong as exc:
+                return openai_error_response(400, f"Audio sample is too long ({exc})", "invalid_request_error", "audio_sample", "invalid_audio")
             except ValueError as exc:
                 return openai_error_response(400, f"audio_sample is not decodable audio ({exc})", "invalid_request_error", "audio_sample", "invalid_audio")
             try:

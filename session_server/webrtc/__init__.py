@@ -4,6 +4,7 @@
 - `POST /v1/realtime/calls` (SDP offer -> answer), `POST /v1/realtime/calls/{id}/hangup`,
   `POST /v1/realtime/client_secrets` (ephemeral `ek_` keys, registered as a key validator);
 - the browser page at `/` and `/playground` (clients/web, from package data);
+- the sideband: `GET /v1/realtime?call_id=...` attaches a WebSocket to a live call (sideband.py);
 - a shutdown step that ends every call (peer connections closed) before the runtime stops.
 
 Calls run on the same protocol core (`session_server.realtime.protocol`) and graph as the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
-from fastapi import FastAPI
+from fastapi import FastAPI, WebSocket
 
 from session_server.state import ServerState
 from session_server.webrtc.client_secrets import ClientSecrets
@@ -22,13 +23,14 @@ from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.page import add_page_routes
 from session_server.webrtc.registry import CallRegistry
 from session_server.webrtc.routes import add_routes
+from session_server.webrtc.sideband import serve_sideband
 
 
 def install(app: FastAPI, state: ServerState) -> None:
     config = WebRTCConfig.from_profile(state.settings.profile)
     client_secrets = ClientSecrets()
     # An ephemeral key opens one realtime session, over WebRTC or the WebSocket, and nothing else.
-    state.add_key_validator(client_secrets.redeem, frozenset({"/v1/realtime/calls", "/v1/realtime"}))
+    state.add_key_validator(client_secrets.is_usable, frozenset({"/v1/realtime/calls", "/v1/realtime"}))
     add_page_routes(app)
     if not state.settings.enable_realtime:
         return
@@ -36,6 +38,11 @@ def install(app: FastAPI, state: ServerState) -> None:
     app.state.webrtc_calls = calls
     app.state.client_secrets = client_secrets
     add_routes(app, state, config, calls, client_secrets)
+
+    async def attach_to_call(websocket: WebSocket, call_id: str) -> None:
+        await serve_sideband(websocket, state, calls, call_id)
+
+    app.state.attach_to_call = attach_to_call  # `GET /v1/realtime?call_id=` (realtime/websocket.py)
 
     serve_app = app.router.lifespan_context
 

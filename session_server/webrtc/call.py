@@ -17,6 +17,9 @@ WebSocket; this module moves messages and media. What is WebRTC-only:
   `output_audio_buffer.clear`) clears the track at once, so the next 20 ms frame is silence.
   Speech while a finished reply's audio is still playing clears the track too, and the item is
   truncated to what was heard (`conversation.item.truncated`).
+- sidebands (sideband.py): WebSockets attached to the call get every event the data channel
+  gets, and their client events go through `receive_client_message` as the channel's do. They
+  come and go without affecting the call; the call's end closes them.
 
 Lifetime: a call ends when its session ends (idle, error, shutdown), the data channel closes,
 ICE/DTLS fails or does not connect within `connect_timeout_s`, the client hangs up, or the
@@ -101,6 +104,9 @@ class Call:
         self._turn_ended_at: float | None = None
         self._awaiting_audio: dict[str, float] = {}
         self.connected = asyncio.Event()
+        # WebSockets attached with `GET /v1/realtime?call_id=` (sideband.py): each gets a copy of
+        # every event the data channel gets, and may send client events as the channel does.
+        self.sidebands: set[Any] = set()
 
     # ------------------------------------------------------------------ setup
 
@@ -154,7 +160,7 @@ class Call:
             channel.close()  # only the one `oai-events` channel is part of the protocol
             return
         self.channel = channel
-        channel.on("message", self._on_channel_message)
+        channel.on("message", self.receive_client_message)
         channel.on("open", self._flush_pending)
         channel.on("close", lambda: self.close_soon("client_closed"))
         self._flush_pending()
@@ -165,7 +171,8 @@ class Call:
         while self._pending_events and channel is not None and channel.readyState == "open":
             channel.send(self._pending_events.popleft())
 
-    def _on_channel_message(self, message: str | bytes) -> None:
+    def receive_client_message(self, message: str | bytes) -> None:
+        """A client event from the data channel or a sideband WebSocket: the same rules for both."""
         if isinstance(message, bytes):
             self.apply(self.protocol.receive_binary(message))
         elif len(message) > self.config.max_message_bytes:
@@ -183,6 +190,16 @@ class Call:
         else:
             self.apply(self.protocol.receive_text(message))
 
+    def attach(self, sideband: Any) -> bool:
+        """Add a listener with `deliver(text)` and `call_ended(reason)`; False once the call is ending."""
+        if self._closing or self.protocol.close_reason is not None:
+            return False
+        self.sidebands.add(sideband)
+        return True
+
+    def detach(self, sideband: Any) -> None:
+        self.sidebands.discard(sideband)
+
     def _clear_requested(self, message: str) -> bool:
         """`output_audio_buffer.clear` while reply audio plays. Only the track knows that it is
         playing (the reply may have finished generating long ago), so it is handled here: the
@@ -190,8 +207,8 @@ class Call:
         cancelled by the core as usual. False: not such an event, the core handles it alone."""
         try:
             event = json.loads(message)
-        except ValueError:
-            return False
+        except (ValueError, RecursionError):
+            return False  # the core answers it with `invalid_json`
         if not isinstance(event, dict) or event.get("type") != "output_audio_buffer.clear" or self.track.playing is None:
             return False
         self._stop_playback()
@@ -349,9 +366,12 @@ class Call:
         self._send({"type": kind, "event_id": f"event_rtc_{self._event_ids}", **fields})
 
     def _send(self, event: dict[str, Any]) -> None:
-        if self._closing:
+        worded = self.protocol.dialect.outgoing(event)  # GA, or beta names (realtime/dialect.py)
+        if self._closing or worded is None:
             return
-        text = json.dumps(event, separators=(",", ":"))
+        text = json.dumps(worded, separators=(",", ":"))
+        for sideband in self.sidebands:
+            sideband.deliver(text)
         channel = self.channel
         if channel is None or channel.readyState == "connecting" or self._pending_events:
             if len(self._pending_events) >= MAX_PENDING_EVENTS:
@@ -384,6 +404,8 @@ class Call:
                 self._send(action.event)
         self._closing = True
         self.close_reason = self.protocol.close_reason or reason
+        for sideband in self.sidebands:
+            sideband.call_ended(self.close_reason)
         await self._flush_channel()
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]

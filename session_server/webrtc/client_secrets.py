@@ -5,8 +5,10 @@ the server has no key) mints a short-lived key, and the browser uses it once, fo
 `POST /v1/realtime/calls` or the realtime WebSocket. The key carries the `session` config given
 at minting; the call it opens starts with that config.
 
-Each key is accepted exactly once (redeemed by the first request that presents it, whatever
-the route) and never after `expires_at`. Outstanding keys are bounded (`MAX_OUTSTANDING`):
+Each key opens exactly one session and is never accepted after `expires_at`. The auth
+middleware only checks a key (`is_usable`); it is spent (`redeem`) by the call or WebSocket
+session that it really opens, so a request that never used it (a 404, an offer refused for bad
+SDP, a session refused for capacity: `release`) leaves it good for the real one. Outstanding keys are bounded (`MAX_OUTSTANDING`):
 past that, minting answers 429 until some expire or are used. Memory: about 1 KiB per key.
 """
 
@@ -95,6 +97,21 @@ class ClientSecrets:
             self._keys[secret.value] = secret
             return secret
 
+    def is_usable(self, key: str) -> bool:
+        """A minted, unexpired key not spent yet (the auth check; spends nothing)."""
+        if not key.startswith(PREFIX):
+            return False
+        with self._lock:
+            secret = self._keys.get(key)
+            return secret is not None and secret.redeemed_at is None and self._clock() < secret.expires_at
+
+    def release(self, key: str) -> None:
+        """Un-spend a key whose session did not start after all (refused offer, no capacity)."""
+        with self._lock:
+            secret = self._keys.get(key)
+            if secret is not None:
+                secret.redeemed_at = None
+
     def redeem(self, key: str) -> bool:
         """True once for a minted, unexpired key; False for any later use or an unknown key."""
         if not key.startswith(PREFIX):
@@ -108,12 +125,12 @@ class ClientSecrets:
             return True
 
     def session_of(self, key: str | None) -> dict[str, Any] | None:
-        """The session config minted with `key`, for the request that just redeemed it."""
+        """The session config minted with `key` (None: not a minted key)."""
         if key is None:
             return None
         with self._lock:
             secret = self._keys.get(key)
-            return dict(secret.session) if secret is not None and secret.redeemed_at is not None else None
+            return dict(secret.session) if secret is not None else None
 
     def outstanding(self) -> int:
         with self._lock:

@@ -20,7 +20,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from graph.schema import convert_section
 
 CANDIDATE_POLICIES = ("host", "loopback", "host+loopback")
 
@@ -59,28 +63,30 @@ class WebRTCConfig:
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any] | None) -> WebRTCConfig:
-        section = (profile or {}).get("webrtc") or {}
-        if not isinstance(section, dict):
-            raise WebRTCConfigError("webrtc: must be a mapping")
-        known = {"ice_servers", "candidates", "connect_timeout_s", "max_message_bytes"}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise WebRTCConfigError(f"webrtc.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-        candidates = section.get("candidates", "host")
-        if candidates not in CANDIDATE_POLICIES:
-            raise WebRTCConfigError(f"webrtc.candidates: must be one of {', '.join(CANDIDATE_POLICIES)}, got {candidates!r}")
+        try:
+            section = convert_section((profile or {}).get("webrtc"), WebRTCSection, "webrtc")
+        except ValueError as exc:
+            raise WebRTCConfigError(str(exc)) from None
         servers = []
-        for index, entry in enumerate(section.get("ice_servers") or []):
-            if not isinstance(entry, dict) or "urls" not in entry:
-                raise WebRTCConfigError(f"webrtc.ice_servers[{index}]: needs `urls`")
-            urls = entry["urls"]
-            urls = (urls,) if isinstance(urls, str) else tuple(urls)
+        for index, entry in enumerate(section.ice_servers):
+            urls = (entry.urls,) if isinstance(entry.urls, str) else tuple(entry.urls)
             for url in urls:
                 if not url.startswith(("stun:", "stuns:", "turn:", "turns:")):
                     raise WebRTCConfigError(f"webrtc.ice_servers[{index}].urls: {url!r} is not a stun:/turn: URL")
-            servers.append(IceServer(urls, entry.get("username"), entry.get("credential")))
-        timeout = float(section.get("connect_timeout_s", 20.0))
-        max_message = int(section.get("max_message_bytes", 65536))
-        if timeout <= 0 or max_message <= 0:
-            raise WebRTCConfigError("webrtc.connect_timeout_s and webrtc.max_message_bytes must be positive")
-        return cls(tuple(servers), candidates, timeout, max_message)
+            servers.append(IceServer(urls, entry.username, entry.credential))
+        return cls(tuple(servers), section.candidates, section.connect_timeout_s, section.max_message_bytes)
+
+
+class IceServerEntry(msgspec.Struct, forbid_unknown_fields=True):
+    urls: str | list[str]
+    username: str | None = None
+    credential: str | None = None
+
+
+class WebRTCSection(msgspec.Struct, forbid_unknown_fields=True):
+    """The `webrtc:` section as written (typed; graph/schema.py turns a mismatch into one line)."""
+
+    ice_servers: list[IceServerEntry] = []
+    candidates: Literal[CANDIDATE_POLICIES] = "host"
+    connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 20.0
+    max_message_bytes: Annotated[int, msgspec.Meta(gt=0)] = 65536

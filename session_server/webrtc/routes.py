@@ -25,13 +25,12 @@ from starlette.datastructures import UploadFile
 from graph.errors import SessionRejected
 from session_server.auth import bearer_key
 from session_server.errors import openai_error_response
-from session_server.realtime import events as ev
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import RealtimeProtocol, realtime_unavailable, reply_input_for
-from session_server.realtime.session_config import apply_update
+from session_server.realtime.served import served_model
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
-from session_server.webrtc.client_secrets import ClientSecretError, ClientSecrets, parse_request
+from session_server.webrtc.client_secrets import PREFIX, ClientSecretError, ClientSecrets, parse_request
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.registry import CallRegistry
 
@@ -56,18 +55,22 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             _check_realtime_input(state)
             offer, session = await _read_offer(request)
             key = bearer_key(request.headers.raw)
-            if key and state.settings.api_key is None:
-                client_secrets.redeem(key)  # no auth configured: the middleware did not redeem it
             minted = client_secrets.session_of(key) or {}
             _check_model(state, request.query_params.get("model") or session.get("model") or minted.get("model"))
             call_id, session_id = new_call_id()
             # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
             protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
-                                        reply_input=reply_input_for(state.runtime.spec.inputs))
+                                        reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
             # The key's config first, then what came with the offer, each as a session.update patch.
             _initial_config(protocol, minted)
             _initial_config(protocol, session)
-            answer = await _start_call(state, config, calls, call_id, protocol, offer)
+            spent = _spend(client_secrets, key, state)
+            try:
+                answer = await _start_call(state, config, calls, call_id, protocol, offer)
+            except BaseException:
+                if spent:
+                    client_secrets.release(key)  # the call never started: the key stays good
+                raise
         except CallRefused as refused:
             return refused.response()
         return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": f"/v1/realtime/calls/{call_id}"})
@@ -86,12 +89,12 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             return openai_error_response(403, "An ephemeral key cannot mint client secrets.", code="invalid_api_key")
         try:
             body = await request.json() if await request.body() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return openai_error_response(400, "The request body is not valid JSON.", code="invalid_json")
         try:
             seconds, session = parse_request(body)
             _check_model(state, session.get("model"))
-            protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id)
+            protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id, served=served_model(state))
             _initial_config(protocol, session)
             secret = client_secrets.mint(seconds, session)
         except ClientSecretError as exc:
@@ -117,7 +120,7 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
         if raw_session:
             try:
                 session = json.loads(raw_session)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise CallRefused(400, "The `session` part is not valid JSON.", "invalid_json", "session") from None
             if not isinstance(session, dict):
                 raise CallRefused(400, "The `session` part must be a JSON object.", "invalid_type", "session")
@@ -160,16 +163,25 @@ def _check_realtime_input(state: ServerState) -> None:
         raise CallRefused(501, why, "realtime_unavailable", type="server_error")
 
 
+def _spend(client_secrets: ClientSecrets, key: str | None, state: ServerState) -> bool:
+    """Spend an ephemeral key on the call it is about to open (True: spent here)."""
+    if not key or not key.startswith(PREFIX):
+        return False
+    if client_secrets.redeem(key):
+        return True
+    if state.settings.api_key is not None:  # used meanwhile by a concurrent request
+        raise CallRefused(401, "This ephemeral key was already used or has expired.", "invalid_api_key")
+    return False
+
+
 def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:
     """Apply a `session` config given with the offer (or minted into the key) before the session opens."""
-    session = {key: value for key, value in session.items() if key not in ("type", "model")}
-    if not session:
-        return
     try:
-        event = ev.parse_client_event(json.dumps({"type": "session.update", "session": session}))
-        protocol.config = apply_update(protocol.config, event.session, turns_processed=False, audio_produced=False)
+        protocol.configure_initial(session)
     except RealtimeError as error:
         raise CallRefused(400, error.message, error.code, error.param) from None
+    except RecursionError:
+        raise CallRefused(400, "The session config is nested too deeply.", "invalid_json", "session") from None
 
 
 async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegistry, call_id: str, protocol: RealtimeProtocol, offer: str) -> str:

@@ -148,10 +148,11 @@ def test_a_new_turns_prefill_runs_one_chunk_between_decode_steps(omni):
     decoding = [ThinkerSession(omni, max_reply_tokens=50) for _ in range(2)]
     for i, session in enumerate(decoding):
         session.prefill(text_turn(omni, 6, seed=i))
-    newcomer = ThinkerSession(omni, max_reply_tokens=4, prefill_chunk_tokens=8)
+    # 16-token chunks: the prefill's 7 chunks fit within the 11 tokens the others reply before EOS.
+    newcomer = ThinkerSession(omni, max_reply_tokens=4, prefill_chunk_tokens=16)
     turn = text_turn(omni, 20, seed=5)
     prefill = _Call(newcomer.prefill_work(turn))
-    chunks = -(-len(turn["input_ids"]) // 8)
+    chunks = -(-len(turn["input_ids"]) // 16)
     assert chunks >= 3
     batches = 0
     while True:

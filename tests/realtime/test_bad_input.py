@@ -72,10 +72,46 @@ BAD_EVENTS = [
     pytest.param({"type": "response.cancel"}, "response_cancel_not_active", None, id="cancel-nothing"),
     pytest.param({"type": "conversation.item.delete", "item_id": "item_nope"}, "item_not_found", "item_id", id="unknown-item"),
     pytest.param(
-        {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "{}"}},
+        {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c"}},
+        "missing_required_parameter",
+        "item.output",
+        id="function-call-output-without-output",
+    ),
+    pytest.param(
+        {"type": "conversation.item.create", "item": {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}},
+        "invalid_value",
+        "item.arguments",
+        id="function-call-arguments-not-json",
+    ),
+    pytest.param(
+        {"type": "session.update", "session": {"tools": [{"type": "mcp", "server_label": "x"}]}},
         "unsupported",
-        "item.type",
-        id="function-call-output",
+        "session.tools[0].type",
+        id="mcp-tool",
+    ),
+    pytest.param(
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "get weather!"}]}},
+        "invalid_value",
+        "session.tools[0].name",
+        id="tool-name",
+    ),
+    pytest.param(
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]}},
+        "invalid_value",
+        "session.tools[0].parameters",
+        id="tool-parameters-not-an-object",
+    ),
+    pytest.param(
+        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nope"}}},
+        "invalid_value",
+        "session.tool_choice.name",
+        id="tool-choice-names-no-tool",
+    ),
+    pytest.param(
+        {"type": "response.create", "response": {"tool_choice": "required"}},
+        "invalid_value",
+        "response.tool_choice",
+        id="required-without-tools",
     ),
     pytest.param(
         {"type": "sglang.input_image.append", "image": b64(b"GIF89a....")}, "invalid_image", "image", id="image-not-jpeg-or-png"

@@ -162,7 +162,7 @@ def test_beta_field_names_are_accepted_and_answered_in_ga_shape():
     assert session["audio"]["output"]["voice"] == "ethan"
     assert session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
     assert session["max_output_tokens"] == 50
-    assert session["sglang"] == {"temperature": 0.7}
+    assert session["sglang"]["temperature"] == 0.7  # next to `granted` (sglang_session.py)
     configure = [m for m in graph_messages(actions) if isinstance(m, Command)]
     assert {m.target for m in configure} == {"silero_vad", "dialog"}
 
@@ -252,6 +252,26 @@ def test_an_automatic_reply_goes_to_the_reply_input_and_a_client_reply_stays_beh
     protocol.open()
     asked = [a for a in send(protocol, type="response.create") if isinstance(a, SendToGraph)]
     assert [(a.input, a.message.name) for a in asked] == [("audio", "create_response")]
+
+
+def test_an_automatic_reply_the_dialog_made_with_the_commit_needs_no_create_response():
+    protocol = RealtimeProtocol("sess_1", "model-x", reply_input="replies")
+    protocol.open()
+    auto_reply = protocol.graph_config()["auto_reply"]
+    assert auto_reply.response_id == "" and auto_reply.output_modalities == ("audio",)
+    actions = protocol.graph_output(NodeEvent(kind="committed", turn_id=3, fields={
+        "item_id": "item_a", "auto_reply": True, "response_id": "resp_dialog"}))
+    assert not [a for a in actions if isinstance(a, SendToGraph)]
+    created = [e for e in events(actions) if e["type"] == "response.created"]
+    assert [e["response"]["id"] for e in created] == ["resp_dialog"]
+    # Its output is matched by turn as well as by id.
+    actions = protocol.graph_output(TextDelta(turn_id=3, text="Hi", token_ids=(1,)))
+    assert [e["delta"] for e in events(actions)] == ["Hi"]
+    # A transcription session's commits get no reply.
+    protocol = RealtimeProtocol("sess_2", "model-x")
+    protocol.open()
+    assert "error" not in kinds(send(protocol, type="session.update", session={"type": "transcription"}))
+    assert protocol.graph_config()["auto_reply"] is None
 
 
 def test_the_reply_input_is_used_only_where_the_graph_has_one():
