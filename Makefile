@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, as the CPU wheel from PyTorch's CPU index (scripts/install-torch.sh says when
 	# it cannot); then the rest, which finds torch already satisfied. Progress is shown.
 	bash scripts/install-torch.sh $(BIN)/pip
-	$(BIN)/pip install --progress-bar on -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --progress-bar on -c constraints.txt -e '.[test,smart-turn]'
 	touch $(STAMP)
 
 setup: $(STAMP)

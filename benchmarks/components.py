@@ -6,6 +6,10 @@ server adds (and, with batching, what concurrency buys back):
 
 - `vad`: silero VAD (the vad node's `SileroModel`, the same ONNX file) over a minute of speech
   and silence in 32 ms windows, one window per call, then 16 sessions per call (one batched step).
+- `end_of_turn`: the Smart Turn v3.2 classifier (`semantic_vad`, nodes/smart_turn.py; needs the
+  `smart-turn` extra) beside it: ms per call, one turn per call and 16 per call, and per
+  session-second of the same audio: the checks the VAD node would make at its pauses (200 ms,
+  then each time the pause doubles, up to 4 s; the upper bound, as if no turn ended at a check).
 - `reply`: one spoken turn through the engines the nodes run (`ThinkerSession`, `TalkerReply`,
   `Code2WavStream`, interleaved as the streaming graph interleaves them): audio features,
   audio encoder, thinker prefill, thinker decode, talker frames, code2wav chunks. Its
@@ -37,6 +41,7 @@ BATCHED_SESSIONS = 16
 def run(config: str | None, quick: bool = False, seed: int = 0, deadline: float | None = None, max_output_tokens: int = 16) -> dict[str, Any]:
     results: dict[str, Any] = {}
     results["vad"] = _guarded(vad_figures, 10.0 if quick else 60.0, 4 if quick else 16)
+    results["end_of_turn"] = _guarded(end_of_turn_figures, 10.0 if quick else 60.0, 4 if quick else 16, 1 if quick else REPEATS)
     try:
         omni = load_model(config)
     except Exception as exc:  # noqa: BLE001 - reported as the reason the model figures are missing
@@ -95,10 +100,9 @@ def load_model(config: str | None) -> Any:
 # --------------------------------------------------------------------------- vad
 
 
-def vad_figures(seconds: float, sessions: int) -> dict[str, Any]:
+def _speech_with_pauses(seconds: float) -> np.ndarray:
+    """16 kHz: the fixture sentences with 0.8 s pauses between them."""
     import soxr
-
-    from nodes.vad import CONTEXT, STATE_SHAPE, WINDOW, SileroModel
 
     pieces, total = [], 0.0
     index = 0
@@ -107,7 +111,13 @@ def vad_figures(seconds: float, sessions: int) -> dict[str, Any]:
         pieces += [utterance.samples, np.zeros(int(0.8 * 24000), np.float32)]
         total += utterance.seconds + 0.8
         index += 1
-    audio = soxr.resample(np.concatenate(pieces), 24000, 16000).astype(np.float32)[: int(seconds * 16000)]
+    return soxr.resample(np.concatenate(pieces), 24000, 16000).astype(np.float32)[: int(seconds * 16000)]
+
+
+def vad_figures(seconds: float, sessions: int) -> dict[str, Any]:
+    from nodes.vad import CONTEXT, STATE_SHAPE, WINDOW, SileroModel
+
+    audio = _speech_with_pauses(seconds)
     windows = [np.concatenate([audio[max(0, i - CONTEXT) : i] if i else np.zeros(CONTEXT, np.float32), audio[i : i + WINDOW]]) for i in range(0, len(audio) - WINDOW + 1, WINDOW)]
     windows = [np.pad(w, (CONTEXT + WINDOW - len(w), 0)) for w in windows]
     model = SileroModel()
@@ -136,6 +146,51 @@ def vad_figures(seconds: float, sessions: int) -> dict[str, Any]:
         "batched_sessions": sessions,
         "batched_x_realtime": round(audio_s * sessions / batched, 1),
     }
+
+
+def end_of_turn_figures(seconds: float, sessions: int, repeats: int) -> dict[str, Any]:
+    from nodes.smart_turn import SmartTurnModel
+    from nodes.vad import CONTEXT, STATE_SHAPE, WINDOW, WINDOW_MS, SileroModel
+
+    audio = _speech_with_pauses(seconds)
+    # Where the VAD node would call the classifier: pauses after speech, at 200 ms, then doubling.
+    silero, state, context = SileroModel(), np.zeros(STATE_SHAPE, np.float32), np.zeros(CONTEXT, np.float32)
+    checks, heard_speech, silence_ms, next_check = 0, False, 0.0, 200.0
+    for i in range(0, len(audio) - WINDOW + 1, WINDOW):
+        window = audio[i:i + WINDOW]
+        probability, state = silero.run_batch([(np.concatenate([context, window]), state)])[0]
+        context = window[-CONTEXT:]
+        if probability >= 0.5:
+            heard_speech, silence_ms, next_check = True, 0.0, 200.0
+        elif heard_speech and probability < 0.35:
+            silence_ms += WINDOW_MS
+            if next_check <= silence_ms <= 4000:
+                checks += 1
+                next_check = silence_ms * 2
+    model = SmartTurnModel()
+    turn = audio[-8 * 16000:]
+    model.run_batch([turn])  # warm-up
+    one = min(_timed(lambda: model.run_batch([turn])) for _ in range(repeats))
+    batched = min(_timed(lambda: model.run_batch([turn] * sessions)) for _ in range(repeats))
+    audio_s = len(audio) / 16000
+    per_session_s = checks / audio_s
+    return {
+        "audio_s": round(audio_s, 1),
+        "calls": checks,
+        "calls_per_session_s": round(per_session_s, 3),
+        "ms_per_call": round(one * 1000, 1),
+        "ms_per_session_s": round(per_session_s * one * 1000, 2),
+        "batched_sessions": sessions,
+        "batched_ms_per_call": round(batched * 1000, 1),
+        "batched_ms_per_turn": round(batched * 1000 / sessions, 1),
+        "batched_ms_per_session_s": round(per_session_s * batched * 1000 / sessions, 2),
+    }
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 # --------------------------------------------------------------------------- one spoken turn

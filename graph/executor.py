@@ -26,7 +26,10 @@ the submitting task has a `current_due` clock: the runtime gives one to reply-si
 the server, so a session whose VAD fell behind catches up first instead of one window per round
 of everyone else's work). So a turn waiting for its first audio goes before a reply that is
 seconds ahead of its playback, and that reply becomes urgent again as its lead shrinks; with no
-reply playing, work runs in arrival order across all stages, so no stage starves. `run` and `submit`
+reply playing, work runs in arrival order across all stages, so no stage starves. A long job run
+in slices (a long prefill, chunk by chunk) submits each slice after the first at
+`continuation_due()`, not earlier than now: otherwise its early due time would put every slice
+before another session's first-audio work, which would wait for the whole job. `run` and `submit`
 default to `current_priority` and `current_due`, which the runtime sets for each node task, so a
 node gets all this without naming either. Work whose caller was cancelled before it started is
 skipped.
@@ -84,6 +87,14 @@ _Entry = tuple[int, float, int, "_Pending"]
 def _due() -> float:
     clock = current_due.get()
     return time.monotonic() if clock is None else clock()
+
+
+def continuation_due() -> float:
+    """The due time for the next slice of work already under way (a long prefill's next chunk):
+    its task's due time, but never earlier than now. Work that has waited since before then
+    (another session's first audio) goes first, so a long job gets one slice per round and holds
+    the worker for at most one slice at a time, however early it was due."""
+    return max(_due(), time.monotonic())
 
 
 class ComputePool:

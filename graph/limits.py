@@ -32,6 +32,9 @@ class SessionLimits:
     # On SIGTERM, in-flight replies get this long to finish before sessions are closed with
     # reason `server_shutdown`.
     shutdown_grace_s: float = 10.0
+    # A realtime session whose socket dropped stays resumable this long (its slot and KV held on
+    # its replica, its snapshot kept in the state store); a resume after it gets `session_not_found`.
+    resume_ttl_s: float = 120.0
     # One text a realtime client sends the model (a message item's text, a function output,
     # `instructions`): past it the event gets `error` `text_too_long` and changes nothing. The
     # server counts UTF-8 bytes, never fewer than a byte-level BPE's tokens. Bounds one turn's prefill.

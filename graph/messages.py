@@ -47,7 +47,19 @@ class ImageFrame(Message, kw_only=True):
 
 
 class SpeechStarted(Message, kw_only=True):
+    """`confirmed` False: a sound's first window, not yet `interrupt_min_speech_ms` long. The VAD
+    sends a second, confirmed `SpeechStarted` (same `audio_start_ms`) once it has lasted that long,
+    or a `SpeechDismissed` when it goes quiet first (a cough, a click)."""
+
     audio_start_ms: float
+    confirmed: bool = True
+
+
+class SpeechDismissed(Message, kw_only=True):
+    """An unconfirmed sound went quiet before it lasted `interrupt_min_speech_ms`: barge-in
+    ignores it. The VAD's segment goes on (a `SpeechStopped` still ends it)."""
+
+    audio_end_ms: float
 
 
 class SpeechStopped(Message, kw_only=True):
@@ -254,6 +266,7 @@ DATA_TYPES: dict[str, type[Message]] = {
         AudioChunk,
         ImageFrame,
         SpeechStarted,
+        SpeechDismissed,
         SpeechStopped,
         Turn,
         Features,

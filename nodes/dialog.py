@@ -12,6 +12,10 @@ Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechSto
 
 An utterance runs from speech start minus `prefix_padding_ms` to speech stop (server VAD), or
 is everything appended since the last commit/clear (manual mode, `turn_detection: null`).
+A sound that starts while a reply is open is not a turn until the VAD confirms it (it lasted
+`interrupt_min_speech_ms`): meanwhile only a `sound_started` notice goes out (a transport that
+plays the audio itself holds it), and `sound_dismissed` when it ends short (a cough). Confirmed,
+it becomes a turn whose `speech_started` carries the sound's true start.
 The reply side is the transport's decision: it answers a committed utterance with a
 `create_response` command when it wants a reply, except for automatic replies (server VAD with
 `create_response`, or `input_end`): the transport gives their `ReplyParams` in the config
@@ -49,6 +53,7 @@ from graph.messages import (
     Message,
     NodeEvent,
     ReplyParams,
+    SpeechDismissed,
     SpeechStarted,
     SpeechStopped,
     Turn,
@@ -64,7 +69,7 @@ MIN_COMMIT_MS = 100.0
 @register_node("dialog")
 class Dialog(Node):
     params_schema = DialogParams
-    inputs = {"events": (AudioChunk, SpeechStarted, SpeechStopped, ImageFrame, Command)}
+    inputs = {"events": (AudioChunk, SpeechStarted, SpeechDismissed, SpeechStopped, ImageFrame, Command)}
     outputs = {"turns": (Turn,), "events": (NodeEvent,)}
 
     def __init__(self, *args, **kwargs):
@@ -100,6 +105,8 @@ class DialogSession(NodeSession):
         self.utterance_start_ms: float | None = None
         self.item_id: str | None = None  # the user item the current utterance becomes
         self.speaking = False
+        self.sound_start_ms: float | None = None  # an unconfirmed sound during a reply began here
+        self.sound_held = False  # its `sound_started` went out, its end not yet
         self.overflowed = False  # hit max_utterance_seconds; waiting for the speaker to pause
         self.images: deque[ImageFrame] = deque(maxlen=max(node.max_utterance_frames, 1) * 4)
         self.now_ms = 0.0  # end of the latest audio seen
@@ -130,7 +137,11 @@ class DialogSession(NodeSession):
             await self._audio(message, emit)
         elif isinstance(message, SpeechStarted):
             await self._speech_started(message, emit)
+        elif isinstance(message, SpeechDismissed):
+            await self._sound_over(emit)
         elif isinstance(message, SpeechStopped):
+            await self._sound_over(emit)
+            self.sound_start_ms = None
             if self.speaking and not self.overflowed:
                 await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": message.audio_end_ms, "item_id": self.item_id}))
                 await self._commit(emit, auto_reply=True, end_ms=message.audio_end_ms)
@@ -155,13 +166,23 @@ class DialogSession(NodeSession):
                 await self._too_long(emit)
             return
         self.ring.append(chunk)
-        while self.ring and self.ring[0].media_ms + self.prefix_ms < chunk.media_ms:
+        # Hold the prefix before an unconfirmed sound too: confirmed, the turn starts there.
+        keep_from = min(chunk.media_ms, self.sound_start_ms if self.sound_start_ms is not None else chunk.media_ms)
+        while self.ring and self.ring[0].media_ms + self.prefix_ms < keep_from:
             self.ring.popleft()
         await self._idle_check(emit)
 
     async def _speech_started(self, event: SpeechStarted, emit) -> None:
         if self.vad is None or self.speaking:
             return
+        if not event.confirmed and self.open_replies:
+            if self.sound_start_ms is None:
+                self.sound_start_ms = event.audio_start_ms
+                self.sound_held = True
+                await emit("events", NodeEvent(kind="sound_started", fields={"audio_start_ms": event.audio_start_ms}))
+            return
+        self.sound_start_ms = None
+        self.sound_held = False
         self.speaking = True
         start = max(0.0, event.audio_start_ms - self.prefix_ms)
         self.utterance = [c for c in self.ring if c.media_ms + len(c.samples) * 1000.0 / RATE > start]
@@ -170,6 +191,11 @@ class DialogSession(NodeSession):
         self.ring.clear()
         self.item_id = _item_id()
         await emit("events", NodeEvent(kind="speech_started", fields={"audio_start_ms": self.utterance_start_ms, "item_id": self.item_id}))
+
+    async def _sound_over(self, emit) -> None:
+        if self.sound_held:
+            self.sound_held = False
+            await emit("events", NodeEvent(kind="sound_dismissed"))
 
     async def _too_long(self, emit) -> None:
         limit = self.node.max_utterance_seconds

@@ -24,6 +24,8 @@ class Params(msgspec.Struct, forbid_unknown_fields=True):
 class SileroVadParams(Params):
     model_path: str | None | UnsetType = UNSET  # None: the ONNX file of the silero-vad wheel
     max_batch: Positive | UnsetType = UNSET
+    # Load the Smart Turn end-of-turn model (nodes/smart_turn.py) where the `smart-turn` extra is installed.
+    smart_turn: bool | UnsetType = UNSET
 
 
 class DialogParams(Params):

@@ -14,7 +14,9 @@ Input `hidden` (from the thinker), in order:
         audio/image positions (the talker then finds the user messages itself),
     plus "image_grid_thw" / "video_grid_thw" / "audio_feature_lengths" when the turn had them.
     The talker keeps the user turns' talker-space embeddings (`TalkerHistory`): every later
-    reply's prefill starts with them. With `tensors["history"]` the chunk is the thinker's whole
+    reply's prefill starts with them. The new user turns go through the talker at once, before
+    the reply asks for them, in slices of `USER_PREFILL_SLICE` positions, each its own compute
+    call: a long turn never holds the compute worker for more than one slice. With `tensors["history"]` the chunk is the thinker's whole
     rebuilt history instead (its user parts and grids; `token_ids` = the context from its last
     `<|im_start|>`): the talker starts over from it (`TalkerHistory.restart`).
   * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
@@ -49,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph.executor import continuation_due
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -64,6 +67,10 @@ from nodes.qwen3_omni.talker_engine import (
 )
 
 log = logging.getLogger(__name__)
+
+# Positions of new user turns put through the talker per compute call (as the thinker's
+# PREFILL_CHUNK_TOKENS: a slice of a long turn, other sessions' work between slices).
+USER_PREFILL_SLICE = 256
 
 
 @register_node("qwen3_omni.talker")
@@ -169,7 +176,13 @@ class TalkerSession(NodeSession):
     async def _add_prompt(self, chunk: HiddenChunk) -> None:
         if chunk.tensors.get("out_of_band") and self._rollback is None:
             self._rollback = self.history.snapshot()  # undone at that reply's TurnDone
-        await self.node.context.compute.run(self._add_prompt_now, chunk)
+        compute = self.node.context.compute
+        await compute.run(self._add_prompt_now, chunk)
+        # While the thinker works on its first token, the talker takes the new user turns in, so
+        # the reply's own talker prefill is just its 9-position assistant block.
+        due = None
+        while await compute.run(prefill_user_turns, self.history, USER_PREFILL_SLICE, due=due):
+            due = continuation_due()  # the next slice goes after work waiting since before it
 
     def _add_prompt_now(self, chunk: HiddenChunk) -> None:
         tensors = chunk.tensors
@@ -186,9 +199,6 @@ class TalkerSession(NodeSession):
         else:
             ids = torch.as_tensor(chunk.token_ids, dtype=torch.long)
             history.add_prompt(ids, tensors.get("mm_hidden"), *grids)
-        # While the thinker works on its first token, the talker takes the new user turns in, so the
-        # reply's own talker prefill is just its 9-position assistant block.
-        prefill_user_turns(history)
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)

@@ -21,11 +21,26 @@ Segmentation (as silero's VADIterator): speech starts at the first window with p
 `threshold`; it stops once the probability stayed below `threshold - 0.15` for
 `silence_duration_ms`. `audio_start_ms` is the start of the first speech window;
 `audio_end_ms` is the end of the silence window (it includes the silence, as GA reports).
+
+Semantic end of turn (`turn_detection.semantic`, nodes/smart_turn.py): once a pause has lasted
+`check_after_ms` (200 ms under `semantic_vad`; the silence window under `server_vad` with the
+check), the Smart Turn classifier scores the turn's last 8 s (from 500 ms before its speech
+started), batched with every other session pausing then; p(complete) >= 0.5 ends the turn
+there, otherwise it checks again each time the pause has doubled (the longer the pause, the surer
+the score; shorter than 200 ms, scores are unreliable), and the turn ends after `max_silence_ms`
+of silence whatever it said, unless speech resumes. Without the model loaded (the `smart-turn`
+extra is missing; the server refuses such sessions first) the first check point ends the turn.
+
+Short sounds (`interrupt_min_speech_ms`): the first speech window's `SpeechStarted` is
+unconfirmed until the segment holds that much speech; then a confirmed one follows with the same
+`audio_start_ms`. An unconfirmed sound followed by 96 ms of silence gets a `SpeechDismissed`.
+The dialog decides what they mean (only a sound during a reply waits for confirmation).
 """
 
 from __future__ import annotations
 
 import importlib.resources
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +48,20 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
-from graph.messages import AudioChunk, Command, ImageFrame, Message, SpeechStarted, SpeechStopped
+from graph.messages import AudioChunk, Command, ImageFrame, Message, SpeechDismissed, SpeechStarted, SpeechStopped
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes import smart_turn
 from nodes.params import SileroVadParams
 
 RATE = 16000
 WINDOW = 512  # samples at 16 kHz: 32 ms, the window the model is trained on
 CONTEXT = 64  # samples of the previous window the model sees in front of each window
 STATE_SHAPE = (2, 128)
+WINDOW_MS = WINDOW * 1000.0 / RATE
+PREROLL_MS = 500.0  # audio before speech start the classifier also hears (as pipecat feeds it)
+DISMISS_AFTER_MS = 96.0  # silence after which an unconfirmed sound counts as over
+COMPLETE = 0.5  # p(complete) from which the classifier's verdict ends the turn
 
 
 def model_path() -> str:
@@ -52,14 +72,23 @@ def model_path() -> str:
 class VadSettings:
     threshold: float = 0.5
     silence_duration_ms: float = 500.0
+    interrupt_min_speech_ms: float = 0.0
+    # Semantic end of turn: the classifier decides at a pause of `check_after_ms`; a pause of
+    # `max_silence_ms` ends the turn whatever it said. None: silence timing alone.
+    check_after_ms: float | None = None
+    max_silence_ms: float = 0.0
 
     @classmethod
     def from_config(cls, turn_detection: dict[str, Any] | None) -> VadSettings | None:
         if turn_detection is None:
             return None
+        semantic = turn_detection.get("semantic") or {}
         return cls(
             threshold=float(turn_detection.get("threshold", 0.5)),
             silence_duration_ms=float(turn_detection.get("silence_duration_ms", 500)),
+            interrupt_min_speech_ms=float(turn_detection.get("interrupt_min_speech_ms", 0)),
+            check_after_ms=float(semantic["check_after_ms"]) if semantic else None,
+            max_silence_ms=float(semantic.get("max_silence_ms", 0)),
         )
 
 
@@ -85,7 +114,7 @@ class SileroModel:
 class SileroVad(Node):
     params_schema = SileroVadParams
     inputs = {"audio": (AudioChunk, ImageFrame, Command)}
-    outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechStopped)}
+    outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechDismissed, SpeechStopped)}
 
     async def start(self) -> None:
         self.model = await self.context.compute.run(SileroModel, self.params.get("model_path"))
@@ -93,6 +122,11 @@ class SileroVad(Node):
         self.open_sessions = 0
         # Warm-up: the first onnxruntime call allocates its arenas.
         await self.batcher.submit((np.zeros(CONTEXT + WINDOW, np.float32), np.zeros(STATE_SHAPE, np.float32)))
+        self.end_of_turn: Any = None  # the Smart Turn batcher, where the `smart-turn` extra is installed
+        if self.params.get("smart_turn", True) and smart_turn.available():
+            model = await self.context.compute.run(smart_turn.SmartTurnModel)
+            self.end_of_turn = self.context.compute.batcher("smart_turn", model.run_batch, int(self.params.get("max_batch", 64)))
+            await self.end_of_turn.submit(np.zeros(WINDOW, np.float32))
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         self.open_sessions += 1
@@ -115,6 +149,13 @@ class VadSession(NodeSession):
         self.resampler_rate = RATE
         self.speaking = False
         self.silence_since: int | None = None  # sample index where the current silence began
+        self.speech_start_ms = 0.0
+        self.voiced_ms = 0.0  # speech heard in the current segment
+        self.confirmed = False  # the segment has lasted interrupt_min_speech_ms
+        self.dismissed = False
+        self.next_check_ms: float | None = None  # the pause length at which the classifier scores it next
+        self.turn_from = 0  # sample index the classifier's audio starts at
+        self.heard: deque[tuple[int, np.ndarray]] = deque(maxlen=int(smart_turn.SAMPLES // WINDOW))
         self.closed = False
 
     @property
@@ -151,38 +192,72 @@ class VadSession(NodeSession):
 
     async def _window(self, window: np.ndarray, emit) -> None:
         start_ms = self.now_ms
-        event: Message | None = None
+        events: list[Message] = []
+        self.heard.append((self.samples, window))
         if self.settings is not None:
             # Due when its audio arrived: a session whose windows queued up (its inbox filled
             # while the compute worker was busy) is served first, not one window per round.
             probability, self.state = await self.node.batcher.submit(
                 (np.concatenate([self.context, window]), self.state), due=self.pending_received_at)
-            event = self._decide(probability, start_ms)
+            events = await self._decide(probability, start_ms)
         self.context = window[-CONTEXT:]
         self.samples += len(window)
         await emit("events", AudioChunk(samples=window, sample_rate=RATE, media_ms=start_ms))
-        if event is not None:
+        for event in events:
             await emit("events", event)
 
-    def _decide(self, probability: float, start_ms: float) -> Message | None:
+    async def _decide(self, probability: float, start_ms: float) -> list[Message]:
         settings = self.settings
         assert settings is not None
         end = self.samples + WINDOW
+        end_ms = start_ms + WINDOW_MS
         if probability >= settings.threshold:
             self.silence_since = None
-            if not self.speaking:
+            self.next_check_ms = settings.check_after_ms
+            onset = not self.speaking
+            if onset:
                 self.speaking = True
-                return SpeechStarted(audio_start_ms=start_ms, media_ms=start_ms)
-            return None
-        if self.speaking and probability < settings.threshold - 0.15:
-            if self.silence_since is None:
-                self.silence_since = self.samples
-            if (end - self.silence_since) * 1000.0 / RATE >= settings.silence_duration_ms:
-                self.speaking = False
-                self.silence_since = None
-                end_ms = self.now_ms + WINDOW * 1000.0 / RATE
-                return SpeechStopped(audio_end_ms=end_ms, media_ms=end_ms)
-        return None
+                self.speech_start_ms = start_ms
+                self.voiced_ms = 0.0
+                self.confirmed = self.dismissed = False
+                self.turn_from = max(0, self.samples - int(PREROLL_MS * RATE / 1000))
+            self.voiced_ms += WINDOW_MS
+            if not self.confirmed and self.voiced_ms >= settings.interrupt_min_speech_ms:
+                self.confirmed = True
+                return [SpeechStarted(audio_start_ms=self.speech_start_ms, media_ms=start_ms)]
+            if onset:
+                return [SpeechStarted(audio_start_ms=start_ms, media_ms=start_ms, confirmed=False)]
+            return []
+        if not (self.speaking and probability < settings.threshold - 0.15):
+            return []
+        if self.silence_since is None:
+            self.silence_since = self.samples
+        silence_ms = (end - self.silence_since) * 1000.0 / RATE
+        events: list[Message] = []
+        if not self.confirmed and not self.dismissed and silence_ms >= DISMISS_AFTER_MS:
+            self.dismissed = True
+            events.append(SpeechDismissed(audio_end_ms=end_ms, media_ms=end_ms))
+        if await self._turn_ends(silence_ms):
+            self.speaking = False
+            self.silence_since = None
+            events.append(SpeechStopped(audio_end_ms=end_ms, media_ms=end_ms))
+        return events
+
+    async def _turn_ends(self, silence_ms: float) -> bool:
+        settings = self.settings
+        assert settings is not None
+        if settings.check_after_ms is None:
+            return silence_ms >= settings.silence_duration_ms
+        if silence_ms >= settings.max_silence_ms:
+            return True
+        if self.next_check_ms is None or silence_ms < self.next_check_ms:
+            return False
+        self.next_check_ms = max(silence_ms, self.next_check_ms) * 2
+        if self.node.end_of_turn is None:
+            return True
+        turn = np.concatenate([window for index, window in self.heard if index >= self.turn_from])
+        complete = await self.node.end_of_turn.submit(turn, due=self.pending_received_at)
+        return complete >= COMPLETE
 
     async def _flush_partial(self, emit) -> None:
         # A commit must see every sample appended before it: the resampler's filter delay and
@@ -206,3 +281,4 @@ class VadSession(NodeSession):
         self.node.open_sessions -= 1
         self.pending = self.context = self.state = np.zeros(0, np.float32)
         self.resampler = None
+        self.heard.clear()

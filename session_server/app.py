@@ -40,7 +40,7 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
     app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     install_error_handlers(app)
-    state.metrics.watch(lambda: state.runtime)
+    state.metrics.watch(lambda: state.runtime, state.free_session_slots)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -51,6 +51,16 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
         if not state.runtime.ready:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", "model": state.settings.model_id})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness (load balancers, Kubernetes): 503 while loading, draining, or without a free session slot."""
+        if not state.ready:
+            return JSONResponse({"status": "shutting_down" if state.shutting_down else "loading"}, status_code=503)
+        free = state.free_session_slots()
+        if free <= 0:
+            return JSONResponse({"status": "full", "free_session_slots": 0}, status_code=503)
+        return JSONResponse({"status": "ready", "free_session_slots": free})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

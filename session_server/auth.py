@@ -1,4 +1,4 @@
-"""API-key checks: `Authorization: Bearer KEY` everywhere but /health.
+"""API-key checks: `Authorization: Bearer KEY` everywhere but /health and /ready (probes).
 
 Browsers cannot set headers on a WebSocket, so the realtime socket also accepts the key as a
 subprotocol `openai-insecure-api-key.KEY` (offered next to `realtime`), as OpenAI's does.
@@ -14,7 +14,7 @@ from session_server.errors import openai_error_body
 from session_server.state import ServerState
 
 # "/" and "/playground": the static browser page (session_server/webrtc/page.py), which holds no secret.
-OPEN_PATHS = frozenset({"/health", "/", "/playground"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/", "/playground"})
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 

@@ -2,6 +2,7 @@
 
     sgl-omni serve [--config FILE] [--model-path DIR] [--enable-realtime] [--host H] [--port P]
                    [--api-key KEY] [--log-level L] [--shutdown-grace S] [--webrtc-candidates C]
+                   [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="require this Bearer key (env SGL_OMNI_API_KEY)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--state-url", help="redis://HOST:PORT/DB: session snapshots and the session -> replica map in Redis, "
+                       "so sessions resume on any replica (the profile's state.url); default: this process only")
+    serve.add_argument("--voices-url", help="s3://BUCKET/PREFIX: the voice registry on S3-compatible storage, shared by "
+                       "replicas (the profile's speech.voices_url; AWS_* environment); default: a local directory")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
     serve.add_argument(
         "--webrtc-candidates", choices=CANDIDATE_POLICIES,
@@ -104,6 +109,7 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
         if args.shutdown_grace is not None:
             profile.setdefault("limits", {})["shutdown_grace_s"] = args.shutdown_grace
         _set_webrtc_candidates(profile, args)
+        _set_shared_state(profile, args)
         spec = validated_profile(profile)
     except ProfileError as exc:
         log.error("%s", exc)
@@ -140,6 +146,17 @@ def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:
         profile["webrtc"] = section = {}
     if isinstance(section, dict):  # anything else is reported by validation
         section["candidates"] = chosen
+
+
+def _set_shared_state(profile: dict, args: argparse.Namespace) -> None:
+    """`--state-url` and `--voices-url` win over the profile's `state.url` and `speech.voices_url`."""
+    for value, section, key in ((args.state_url, "state", "url"), (args.voices_url, "speech", "voices_url")):
+        if value is None:
+            continue
+        if profile.get(section) is None:
+            profile[section] = {}
+        if isinstance(profile[section], dict):  # anything else is reported by validation
+            profile[section][key] = value
 
 
 def _is_loopback_host(host: str) -> bool:

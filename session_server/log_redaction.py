@@ -18,13 +18,13 @@ def redact(path: str) -> str:
 
 
 class SecretRedactingFilter(logging.Filter):
-    """For uvicorn's access logger, whose args are (client, method, path, http_version, status)."""
+    """For uvicorn's access logger, whose args are (client, method, path, http_version, status), and
+    its error logger, which logs each WebSocket as (client, path): a resume's query carries its
+    `resume_token`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
-            args = list(record.args)
-            args[2] = redact(args[2])
-            record.args = tuple(args)
+        if isinstance(record.args, tuple) and any(isinstance(arg, str) and "/" in arg for arg in record.args):
+            record.args = tuple(redact(arg) if isinstance(arg, str) and "/" in arg else arg for arg in record.args)
         return True
 
 
@@ -34,3 +34,4 @@ ACCESS_LOG_FILTER = SecretRedactingFilter()
 def redact_access_log() -> None:
     """Install the filter (after uvicorn configured its logging; adding it twice is a no-op)."""
     logging.getLogger("uvicorn.access").addFilter(ACCESS_LOG_FILTER)
+    logging.getLogger("uvicorn.error").addFilter(ACCESS_LOG_FILTER)

@@ -34,8 +34,8 @@ class ServerMetrics(GraphMetrics):
             ["transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
-    def watch(self, runtime_getter: Callable[[], GraphRuntime | None]) -> None:
-        self.registry.register(_RuntimeCollector(runtime_getter))
+    def watch(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None) -> None:
+        self.registry.register(_RuntimeCollector(runtime_getter, free_slots))
 
     def session_started(self, kind: str) -> None:
         self._started.labels(kind).inc()
@@ -56,8 +56,9 @@ class ServerMetrics(GraphMetrics):
 class _RuntimeCollector(Collector):
     """Gauges read from the runtime at scrape time (nothing to keep in sync)."""
 
-    def __init__(self, runtime_getter: Callable[[], GraphRuntime | None]):
+    def __init__(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None):
         self._runtime = runtime_getter
+        self._free_slots = free_slots
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         runtime = self._runtime()
@@ -70,3 +71,7 @@ class _RuntimeCollector(Collector):
                 depth.add_metric([node], n)
         yield active
         yield depth
+        if self._free_slots is not None:
+            # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
+            yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",
+                                    value=self._free_slots() if runtime is not None and runtime.ready else 0)

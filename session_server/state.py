@@ -27,6 +27,8 @@ class ServerState:
         self.metrics = metrics
         self.startup_error: str | None = None
         self.served: Any = None  # what realtime sessions are served, read once ready (realtime/served.py)
+        # Parks and resumes realtime sessions (realtime/resume.py); set when realtime is installed.
+        self.resumer: Any = None
         # Extra credentials a feature may mint (ephemeral client secrets), each good only on
         # the paths it was registered for: (paths, check(key) -> bool).
         self._key_validators: list[tuple[frozenset[str], Callable[[str], bool]]] = []
@@ -40,6 +42,12 @@ class ServerState:
     @property
     def shutting_down(self) -> bool:
         return self.runtime.shutting_down
+
+    def free_session_slots(self) -> int:
+        """Realtime sessions this server can still admit (parked sessions give their slot up)."""
+        if self.resumer is not None:
+            return self.resumer.free_slots()
+        return max(0, self.runtime.capacity("realtime") - self.runtime.count("realtime"))
 
     def add_key_validator(self, check: Callable[[str], bool], paths: frozenset[str]) -> None:
         self._key_validators.append((paths, check))

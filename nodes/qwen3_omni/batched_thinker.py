@@ -3,7 +3,8 @@
 Two pieces, shared by all sessions of one model:
 
 - `ThinkerRunner` owns the model's `SlotKVCache` (slot_cache.py: one KV row per session) and
-  runs forwards: `forward_rows` for a prefill chunk of one row (the HF text model), `feed` for
+  runs forwards: `forward_rows` for a prefill chunk of one row (the HF text model),
+  `forward_chunks` for chunks of several rows padded into one forward, `feed` for
   one new token on each of many rows (one forward, whatever the rows' lengths; through
   `LeanDecode`, lean_decode.py, the text model's layers without transformers' per-call
   wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model).
@@ -15,10 +16,16 @@ Two pieces, shared by all sessions of one model:
   (`Feed`: one token; `Chunk`: a slice of a prefill) and returns the call's result. The batch
   function advances every submitted call to its next request, runs ALL pending `Feed`s as one
   forward, repeats while feeds keep coming (a reply that ends in this step feeds its last
-  token), then runs at most ONE `Chunk` (a new turn's prefill, `prefill_chunk_tokens` at most)
-  and hands every other unfinished call back with `AGAIN` (its caller resubmits it; the
-  generator keeps its place). So a prefill never holds in-flight decodes for more than one
-  chunk, and a long prompt is interleaved with decode steps chunk by chunk.
+  token), then ONE prefill forward: the first waiting `Chunk` (a new turn's prefill,
+  `prefill_chunk_tokens` at most) together with the other sessions' waiting text/audio chunks,
+  padded into one batch of at most `PREFILL_BATCH_TOKENS` (`forward_chunks`: turns that arrive
+  together are prefilled together), and hands every other unfinished call back with `AGAIN` (its
+  caller resubmits it; the generator keeps its place). So a prefill never holds in-flight decodes
+  for more than one such forward, and a long prompt is interleaved with decode steps chunk by
+  chunk. Calls come most urgent first; only chunks of calls more urgent than every call that fed
+  in this batch go through, and a resubmitted call is due no earlier than now
+  (`graph.executor.continuation_due`): a long prefill takes one chunk per round and never
+  delays another session's first audio by more than the chunk in progress (docs/batching.md).
 
 Why not transformers' own machinery: re-packing DynamicCaches per step or one padded
 DynamicCache measured 2-6x slower here and stall on joins; continuous batching takes token ids
@@ -37,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graph.executor import continuation_due
 from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache
 
@@ -120,6 +128,35 @@ class ThinkerRunner:
         return logits, hidden
 
     @torch.inference_mode()
+    def forward_chunks(self, requests: list[Chunk]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Prefill chunks of several rows in ONE forward (text and audio only: no deepstack), each
+        padded at its end to the longest. A chunk's tokens see only the columns before them, so the
+        padding changes none of them; each row's length then counts its own tokens only (the
+        padding's columns are masked until overwritten). -> (logits, hidden) per request."""
+        if len(requests) == 1:
+            return [self.forward_rows(requests[0])]
+        lengths = [request.embeds.shape[1] for request in requests]
+        count, longest = len(requests), max(lengths)
+        first = requests[0].embeds
+        embeds = first.new_zeros(count, longest, first.shape[-1])
+        positions = requests[0].positions.new_zeros(3, count, longest)
+        for b, (request, length) in enumerate(zip(requests, lengths)):
+            embeds[b, :length] = request.embeds[0]
+            positions[:, b, :length] = request.positions[:, 0]
+        layers = {request.hidden_layer for request in requests} - {None}
+        with self.cache.lock:
+            for request in requests:
+                _check_owner(request)
+            batch = self.cache.batch([request.slot for request in requests], longest)
+            out = self._run(batch, embeds, positions, None, None, bool(layers), lengths=lengths)
+        last = out.last_hidden_state[torch.arange(count), torch.tensor(lengths) - 1]  # [B, D]
+        logits = self.thinker.lm_head(last)
+        return [
+            (logits[b], out.hidden_states[request.hidden_layer][b, :length] if request.hidden_layer is not None else None)
+            for b, (request, length) in enumerate(zip(requests, lengths))
+        ]
+
+    @torch.inference_mode()
     def feed(self, requests: list[Feed]) -> list[torch.Tensor]:
         """One forward for one new token on each of the requests' rows -> logits per request."""
         order = sorted(range(len(requests)), key=lambda i: requests[i].slot)
@@ -145,7 +182,7 @@ class ThinkerRunner:
         logits = self.thinker.lm_head(out.last_hidden_state[:, -1, :])  # [B, V]
         return list(logits)
 
-    def _run(self, batch, embeds, positions, deepstack, visual_mask, want_hidden):
+    def _run(self, batch, embeds, positions, deepstack, visual_mask, want_hidden, lengths=None):
         position_ids = torch.cat([batch.text_positions()[None], positions.to(batch.mask.device)], dim=0)
         out = self.language_model(
             inputs_embeds=embeds,
@@ -157,12 +194,13 @@ class ThinkerRunner:
             deepstack_visual_embeds=deepstack,
             visual_pos_masks=visual_mask,
         )
-        self._commit(batch)
+        self._commit(batch, lengths)
         return out
 
-    def _commit(self, batch) -> None:
-        """After a forward: the batch's new columns count, and so does the forward."""
-        batch.commit()
+    def _commit(self, batch, lengths: list[int] | None = None) -> None:
+        """After a forward: the batch's new columns count (`lengths`: of each row, when they were
+        padded), and so does the forward."""
+        batch.commit(lengths)
         self.forwards += 1
         self.rows_forwarded += len(batch.rows)
 
@@ -244,6 +282,10 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
         else:
             waiting[index] = call.request
     chunk_run = False
+    # Calls come most urgent first. A prefill chunk of a call less urgent than one that fed in
+    # this batch waits for the next batch (AGAIN): a long prefill never slows down, step by
+    # step, a more urgent reply (another session's first audio) by one chunk per token.
+    first_fed = len(calls)
     while True:
         feeds = [index for index, request in waiting.items() if isinstance(request, Feed)]
         rows: set[int] = set()
@@ -267,21 +309,54 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
                 except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
                     fail(batch, exc)
                     continue
+            first_fed = min(first_fed, *batch)
             for index, row_logits in zip(batch, logits):
                 advance(index, row_logits)
             continue
-        chunks = [index for index, request in waiting.items() if isinstance(request, Chunk)]
+        chunks = sorted(index for index, request in waiting.items() if isinstance(request, Chunk) and index < first_fed)
         if not chunks or chunk_run:
             break
-        index = chunks[0]
         chunk_run = True
-        try:
-            answer = runner.forward_rows(waiting[index])
-        except Exception as exc:  # noqa: BLE001
-            fail([index], exc)
-            continue
-        advance(index, answer)
+        group = _prefill_group([(index, waiting[index]) for index in chunks])
+        with runner.cache.lock:  # as for feeds: a closing session drops out, the rest go through
+            closed = [index for index in group if not _owns_row(waiting[index])]
+            group = [index for index in group if _owns_row(waiting[index])]
+            if closed:
+                from nodes.qwen3_omni.thinker_engine import ThinkerError
+
+                fail(closed, ThinkerError("session_closed", "the session is closed"))
+            if not group:
+                continue
+            try:
+                answers = runner.forward_chunks([waiting[index] for index in group])
+            except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
+                fail(group, exc)
+                continue
+        for index, answer in zip(group, answers):
+            advance(index, answer)
     return results
+
+
+# The padded tokens one forward of several sessions' prefill chunks may hold (rows x longest chunk).
+PREFILL_BATCH_TOKENS = 1024
+
+
+def _prefill_group(chunks: list[tuple[int, Chunk]]) -> list[int]:
+    """The chunks that go through one forward: the first waiting one, and with it the other text
+    and audio chunks (images carry deepstack features: alone) of other rows while the padded
+    batch stays within `PREFILL_BATCH_TOKENS` (turns that arrive together: one forward)."""
+    first_index, first = chunks[0]
+    group, rows, longest = [first_index], {first.slot}, first.embeds.shape[1]
+    if first.deepstack is not None:
+        return group
+    for index, chunk in chunks[1:]:
+        length = max(longest, chunk.embeds.shape[1])
+        if chunk.deepstack is not None or chunk.slot in rows or (len(group) + 1) * length > PREFILL_BATCH_TOKENS:
+            continue
+        group.append(index)
+        rows.add(chunk.slot)
+        longest = length
+    return group
 
 
 class ThinkerExecutor:
@@ -298,8 +373,9 @@ class ThinkerExecutor:
     async def call(self, work: Work, priority: int | None = None) -> Any:
         """Run one session's call (a generator from `ThinkerSession.*_work`) to its result."""
         call = _Call(work)
-        while (result := await self.batcher.submit(call, priority)) is AGAIN:
-            pass
+        due = None  # the session's own, for the first slice
+        while (result := await self.batcher.submit(call, priority, due)) is AGAIN:
+            due = continuation_due()  # a long prefill's next chunk goes after work waiting since before it
         return result
 
     async def decode(self, session: ThinkerSession, priority: int | None = None) -> Any:

@@ -250,7 +250,9 @@ class SlotBatch:
                 values[row, :, start : start + q] = value[b]
         return keys, values
 
-    def commit(self) -> None:
+    def commit(self, lengths: list[int] | None = None) -> None:
+        """The rows' new tokens count (`lengths`: per row, when fewer than `query_length` were
+        real; the rest of the columns stay masked until overwritten)."""
         with self.cache.lock:
-            for row, start in zip(self.rows, self.starts):
-                self.cache.lengths[row] = start + self.query_length
+            for b, (row, start) in enumerate(zip(self.rows, self.starts)):
+                self.cache.lengths[row] = start + (self.query_length if lengths is None else lengths[b])

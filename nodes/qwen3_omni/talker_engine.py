@@ -465,24 +465,27 @@ def talker_positions(talker: TalkerModel, history: TalkerHistory, talker_ids: to
 
 
 @torch.inference_mode()
-def prefill_user_turns(history: TalkerHistory) -> int:
+def prefill_user_turns(history: TalkerHistory, max_positions: int | None = None) -> int:
     """Put the user turns that are new since the kept KV through the talker now, before a reply
     asks for them, so the reply's own prefill is only its 9-position assistant block (less time to
-    first audio). Returns the positions computed. Needs `history.keep_kv`."""
+    first audio). At most `max_positions` per call (a slice of a long turn: call again while it
+    returns more than 0; a reply's prefill takes whatever is left). Returns the positions
+    computed. Needs `history.keep_kv`."""
     if not history.keep_kv or not history.segments:
         return 0
     talker = history.talker
     cache, cached = history.take_kv()
     users = history.user_length
-    if cached < users:
+    end = users if max_positions is None else min(users, cached + max_positions)
+    if cached < end:
         if cache is None:
             cache = DynamicCache(config=talker.talker.config.text_config)
-        embeds = torch.cat([segment.embeds for segment in history.segments])[cached:].unsqueeze(0)
+        embeds = torch.cat([segment.embeds for segment in history.segments])[cached:end].unsqueeze(0)
         ids = torch.cat([segment.token_ids for segment in history.segments]).unsqueeze(0)
-        positions = talker_positions(talker, history, ids)[..., cached:]
+        positions = talker_positions(talker, history, ids)[..., cached:end]
         talker.talker.model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True)
-    history.keep(cache, users)
-    return users - cached
+    history.keep(cache, end)
+    return end - cached
 
 
 @torch.inference_mode()

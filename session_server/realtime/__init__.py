@@ -1,7 +1,8 @@
 """Realtime voice sessions, OpenAI Realtime (GA) compatible.
 
 `protocol.py` is the transport-free core; `websocket.py` serves it on `GET /v1/realtime`
-(the WebRTC transport is a second adapter over the same core).
+(the WebRTC transport is a second adapter over the same core); `resume.py` keeps a session whose
+socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: memory or Redis).
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from session_server.state import ServerState
 
 
 def install(app: FastAPI, state: ServerState) -> None:
+    from session_server.realtime.resume import SessionResumer
+    from session_server.realtime.session_store import StateConfig, session_store_for
     from session_server.realtime.websocket import serve
+
+    store = session_store_for(StateConfig.from_profile(state.settings.profile or {}))
+    state.resumer = SessionResumer(state, store, state.runtime.spec.limits.resume_ttl_s)
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:

@@ -55,6 +55,14 @@ class AudioFormatParam(msgspec.Struct, kw_only=True):
     channels: int | None = None  # not OpenAI's; anything but 1 is refused (audio is mono)
 
 
+class TurnDetectionExtensionParam(msgspec.Struct, kw_only=True):
+    """`turn_detection.sglang`: this server's extensions (session_config.py)."""
+
+    interrupt_min_speech_ms: int | None = None
+    semantic_end_of_turn: bool | None = None  # server_vad: the Smart Turn check at the silence window
+    max_silence_ms: int | None = None
+
+
 class TurnDetectionParam(msgspec.Struct, kw_only=True):
     type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float | None = None
@@ -64,6 +72,7 @@ class TurnDetectionParam(msgspec.Struct, kw_only=True):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    sglang: TurnDetectionExtensionParam | None = None
 
 
 class TranscriptionParam(msgspec.Struct, kw_only=True):

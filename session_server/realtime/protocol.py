@@ -13,7 +13,9 @@ and gets back a list of actions to carry out, in order: `SendEvent` (a server ev
 client), `SendAudio` (reply audio for a media track, when built with `audio_deltas=False`),
 `SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
 in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an
-Interrupt/Truncate that overtakes data) and `CloseSession`.
+Interrupt/Truncate that overtakes data), `HoldPlayback` (a sound during a reply, not yet a
+turn: a transport that plays the audio itself pauses it, and resumes it if the sound ends short)
+and `CloseSession`.
 Nothing here awaits or touches a socket, so both transports share every rule below.
 
 Who decides what:
@@ -154,7 +156,15 @@ class CloseSession:
     reason: str
 
 
-Action = SendEvent | SendAudio | SendToGraph | ControlGraph | CloseSession
+@dataclass(frozen=True)
+class HoldPlayback:
+    """held True: a sound began during a reply (not yet `interrupt_min_speech_ms` long); False: it
+    ended short, play on. A sound that becomes a turn gets `speech_started` and the cancel instead."""
+
+    held: bool
+
+
+Action = SendEvent | SendAudio | SendToGraph | ControlGraph | CloseSession | HoldPlayback
 
 def _reply_params(response_id: str, settings: ResponseSettings) -> ReplyParams:
     return ReplyParams(
@@ -572,6 +582,10 @@ class RealtimeProtocol:
             active = self._active()
             if active is not None and detection is not None and detection.interrupt_response:
                 self._cancel(active, "turn_detected")
+        elif kind in ("sound_started", "sound_dismissed"):
+            detection = self.config.turn_detection
+            if detection is not None and detection.interrupt_response:
+                self._out.append(HoldPlayback(held=kind == "sound_started"))
         elif kind == "speech_stopped":
             self._send("input_audio_buffer.speech_stopped", audio_end_ms=int(fields["audio_end_ms"]), item_id=fields["item_id"])
         elif kind == "timeout_triggered":

@@ -13,7 +13,12 @@ leaves the session exactly as it was. What the server does with each field:
   `parallel_tool_calls`: the session's defaults for replies; `response.create` may override them.
 - `audio.input.format`: `audio/pcm` 24000 or 16000, `audio/pcmu`, `audio/pcma` (8 kHz).
 - `audio.input.turn_detection`: `server_vad` (threshold 0.5, prefix 300 ms, silence 500 ms),
-  `semantic_vad` (served as server VAD with a silence window from `eagerness`), or `null`.
+  `semantic_vad` (the Smart Turn v3.2 classifier decides at each pause of 200 ms; `eagerness`
+  sets the longest pause before a commit anyway; refused with `semantic_vad_unavailable` without
+  the `smart-turn` extra), or `null`. Extensions under `turn_detection.sglang`:
+  `interrupt_min_speech_ms` (250: a shorter sound during a reply is not a turn nor a barge-in),
+  and for `server_vad` `semantic_end_of_turn` (the classifier checks at the silence window) with
+  `max_silence_ms` (3000).
 - `audio.output.voice`: only until the session has produced audio (error `voice_locked`); the
   echo names the speaker that really speaks (`ServedModel.voice`).
 - `audio.output.format`: as the input formats (output is resampled from 24 kHz when needed).
@@ -27,6 +32,8 @@ leaves the session exactly as it was. What the server does with each field:
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -121,8 +128,23 @@ class Transcription:
         return {"language": self.language, "prompt": self.prompt, "keep_in_history": keep_in_history}
 
 
-# semantic_vad is served by the same silero VAD; eagerness picks how long a pause ends a turn.
-SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 300}
+# semantic_vad: the classifier decides at a pause of SEMANTIC_CHECK_MS; eagerness sets the longest
+# pause before a commit anyway (GA's maximum timeouts: low 8 s, medium 4 s, high 2 s).
+SEMANTIC_MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
+SEMANTIC_CHECK_MS = 200  # scores on shorter pauses are unreliable
+SERVER_VAD_MAX_SILENCE_MS = 3000  # server_vad with semantic_end_of_turn: pipecat's stop_secs
+END_OF_TURN_MODEL = "smart-turn-v3.2"
+
+
+@functools.cache
+def smart_turn_installed() -> bool:
+    """Whether the `smart-turn` extra is installed: nodes/smart_turn.py loads the model from the
+    `pipecat-ai` wheel (this process never imports nodes)."""
+    try:
+        importlib.metadata.distribution("pipecat-ai")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,21 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     eagerness: str | None = None  # semantic_vad only
+    interrupt_min_speech_ms: int = 250
+    semantic_end_of_turn: bool = False  # server_vad only (semantic_vad always is)
+    max_silence_ms: int | None = None  # None: from eagerness (semantic_vad) or 3000 (server_vad)
+
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad" or self.semantic_end_of_turn
+
+    @property
+    def longest_pause_ms(self) -> int:
+        if self.max_silence_ms is not None:
+            return self.max_silence_ms
+        if self.type == "semantic_vad":
+            return SEMANTIC_MAX_SILENCE_MS[self.eagerness or "auto"]
+        return SERVER_VAD_MAX_SILENCE_MS
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -146,19 +183,30 @@ class TurnDetection:
             "create_response": self.create_response,
             "interrupt_response": self.interrupt_response,
         }
+        extension: dict[str, Any] = {"interrupt_min_speech_ms": self.interrupt_min_speech_ms}
         if self.type == "semantic_vad":
-            # Say how it is served: by server VAD with the eagerness-derived silence window.
+            del wire["silence_duration_ms"]  # pauses are judged by the classifier, not a window
             wire["eagerness"] = self.eagerness
-            wire["sglang"] = {"served_as": "server_vad", "silence_duration_ms": self.silence_duration_ms}
+        else:
+            extension["semantic_end_of_turn"] = self.semantic_end_of_turn
+        if self.semantic:
+            extension.update(end_of_turn_model=END_OF_TURN_MODEL, max_silence_ms=self.longest_pause_ms)
+        wire["sglang"] = extension
         return wire
 
     def to_graph(self) -> dict[str, Any]:
+        semantic = None
+        if self.semantic:
+            check_after = SEMANTIC_CHECK_MS if self.type == "semantic_vad" else self.silence_duration_ms
+            semantic = {"check_after_ms": check_after, "max_silence_ms": self.longest_pause_ms}
         return {
             "threshold": self.threshold,
             "prefix_padding_ms": self.prefix_padding_ms,
             "silence_duration_ms": self.silence_duration_ms,
             "idle_timeout_ms": self.idle_timeout_ms,
             "create_response": self.create_response,
+            "interrupt_min_speech_ms": self.interrupt_min_speech_ms,
+            "semantic": semantic,
         }
 
 
@@ -297,15 +345,30 @@ def _turn_detection(value: TurnDetectionParam | None, current: TurnDetection | N
         if getattr(value, name) is not None
     }
     if value.type == "semantic_vad":
-        eagerness = value.eagerness or base.eagerness or "auto"
-        changes.update(eagerness=eagerness, silence_duration_ms=SEMANTIC_SILENCE_MS[eagerness])
+        changes["eagerness"] = value.eagerness or base.eagerness or "auto"
+    extension = value.sglang
+    if extension is not None:
+        changes.update({name: getattr(extension, name) for name in ("interrupt_min_speech_ms", "semantic_end_of_turn", "max_silence_ms")
+                        if getattr(extension, name) is not None})
+        if value.type == "semantic_vad" and extension.semantic_end_of_turn is False:
+            raise RealtimeError("invalid_value", "semantic_vad always checks the end of turn; use server_vad for silence timing alone.",
+                                f"{param}.sglang.semantic_end_of_turn")
     detection = replace(base, **changes)
     if not 0.0 <= detection.threshold <= 1.0:
         raise RealtimeError("invalid_value", "threshold must be between 0.0 and 1.0.", f"{param}.threshold")
-    for name in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+    for name in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "max_silence_ms"):
         number = getattr(detection, name)
         if number is not None and not 0 <= number <= 60_000:
             raise RealtimeError("invalid_value", f"{name} must be between 0 and 60000.", f"{param}.{name}")
+    if not 0 <= detection.interrupt_min_speech_ms <= 5000:
+        raise RealtimeError("invalid_value", "interrupt_min_speech_ms must be between 0 and 5000.", f"{param}.sglang.interrupt_min_speech_ms")
+    if detection.semantic and not smart_turn_installed():
+        raise RealtimeError(
+            "semantic_vad_unavailable",
+            "Semantic end-of-turn needs the Smart Turn model, which this server does not have: install it with the "
+            "`smart-turn` extra (pip install 'sgl-omni-server[smart-turn]').",
+            f"{param}.type" if detection.type == "semantic_vad" else f"{param}.sglang.semantic_end_of_turn",
+        )
     return detection
 
 

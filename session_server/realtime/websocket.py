@@ -11,14 +11,24 @@ answers with the `realtime` subprotocol when offered. The `OpenAI-Beta: realtime
 the `openai-beta.realtime-v1` subprotocol chooses the beta dialect (realtime/dialect.py): events
 are renamed as they are serialized.
 
+`GET /v1/realtime?session_id=ID&resume_token=T` resumes a session whose socket dropped
+(resume.py): a socket lost without a close frame of 1000/1001 detaches its session (`_Link.detach`)
+instead of ending it, and the handshake names the session (`x-sglang-session-id`) for the proxy.
+
 `GET /v1/realtime?call_id=rtc_...` is not a session of its own: it attaches the socket to a live
 WebRTC call (the sideband, `session_server/webrtc/sideband.py`).
 
 Bounds (profile section `realtime:`; each says what the client sees):
-- `max_output_buffer_bytes` (4 MiB, about 40 s of 24 kHz audio as base64): events waiting for a
-  client that stopped reading. Past it the session ends with `session.closed`
-  {reason: "output_buffer_full"} and close code 1008; queued events are dropped, so a stalled
-  client costs at most this much memory plus the socket's own buffer.
+- A client that stops reading: its socket's buffers fill, then sending blocks and events wait
+  in the session's outbox. The session ends with reason `output_buffer_full` when either
+  `max_output_stall_s` (10 s) passes without one event handed to the socket, or the outbox passes
+  `max_output_buffer_bytes` (4 MiB, about 40 s of 24 kHz audio as base64). Queued events are
+  dropped (a stalled client costs at most this much memory plus the socket's own buffers);
+  `session.closed` {reason: "output_buffer_full"} and close code 1008 reach the client only if
+  it reads again within `close_timeout_s`, after which the connection is dropped. Replies are
+  paced, so the stall bound is the one a live client hits. A client that stops reading while
+  nothing is being sent is found by uvicorn's keepalive instead (no pong within 20 s + 20 s):
+  the socket drops, and the session ends as `client_closed` (or waits for a resume).
 - `max_append_chars` (15 MiB): base64 characters in one `input_audio_buffer.append` or image;
   larger ones get error `input_audio_buffer_append_too_large`. A frame larger than the
   server's WebSocket `ws_max_size` is refused by the server itself (close code 1009).
@@ -35,6 +45,7 @@ import logging
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -68,6 +79,7 @@ log = logging.getLogger("session_server.realtime")
 @dataclass(frozen=True)
 class RealtimeSettings:
     max_output_buffer_bytes: int = 4 * 1024 * 1024
+    max_output_stall_s: float = 10.0
     max_append_chars: int = MAX_APPEND_CHARS
     max_pending_inputs: int = 64
     close_timeout_s: float = 2.0
@@ -83,6 +95,11 @@ class RealtimeSettings:
 
 
 _encode = msgspec.json.Encoder().encode
+
+# Close codes with which a client says it is done: the session ends. Any other way of losing the
+# socket (no close frame: 1006; an error code) leaves a resumable session open (resume.py).
+CLOSE_ABNORMAL = 1006
+FINAL_CLOSE_CODES = frozenset({1000, 1001})
 
 
 class _Link:
@@ -108,6 +125,25 @@ class _Link:
         self.close_code = 1000
         self.close_reason = ""
         self.disconnected = False  # the client went away: no close frame to send
+        # Resumable sessions (resume.py): a socket that drops without a normal close detaches
+        # the session instead of ending it; `on_event` sees every server event before it is sent.
+        self.resume_token: str | None = None
+        self.detached = asyncio.Event()
+        self.on_event: Callable[[dict[str, Any]], None] | None = None
+
+    def attach(self, websocket: WebSocket) -> None:
+        """A resumed client's socket takes the place of the dropped one."""
+        self.websocket = websocket
+        self.outbox.clear()
+        self.outbox_bytes = 0
+        self.outbox_drained.set()
+        self.disconnected = False
+        self.detached.clear()
+
+    def detach(self) -> None:
+        """The socket dropped: the session stays open, waiting for a resume (resume.py)."""
+        self.disconnected = True
+        self.detached.set()
 
     # Apply the protocol's actions in order. Never blocks on the graph: graph-bound messages go
     # through `inputs` (the feeder awaits the graph), so the pump can always keep draining outputs.
@@ -142,7 +178,9 @@ class _Link:
 
     def _queue_event(self, event: dict[str, Any]) -> None:
         self._observe(event)
-        if self.closed.is_set() and event["type"] != "session.closed":
+        if self.on_event is not None:
+            self.on_event(event)
+        if self.detached.is_set() or (self.closed.is_set() and event["type"] != "session.closed"):
             return
         worded = self.protocol.dialect.outgoing(event)  # GA, or renamed for a beta client (dialect.py)
         if worded is None:
@@ -152,16 +190,24 @@ class _Link:
         self.outbox_bytes += len(text)
         self.outbox_ready.set()
         self.outbox_drained.clear()
-        if self.outbox_bytes > self.settings.max_output_buffer_bytes and not self.closed.is_set():
-            # The client stopped reading: drop what it has not read and end the session.
-            self.outbox.clear()
-            self.outbox_bytes = 0
-            self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
+        if self.outbox_bytes > self.settings.max_output_buffer_bytes:
+            self._give_up_on_reader()
+
+    def _give_up_on_reader(self) -> None:
+        """The client stopped reading: drop what it has not read and end the session."""
+        if self.closed.is_set():
+            return
+        self.outbox.clear()
+        self.outbox_bytes = 0
+        self.apply(self.protocol.close("output_buffer_full", CLOSE_POLICY))
 
     async def reader(self) -> None:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
+                if self.resume_token is not None and message.get("code", CLOSE_ABNORMAL) not in FINAL_CLOSE_CODES:
+                    self.detach()
+                    return
                 self.disconnected = True
                 self.apply(self.protocol.close("client_closed"))
                 return
@@ -199,7 +245,13 @@ class _Link:
                 await self.outbox_ready.wait()
             text = self.outbox.popleft()
             self.outbox_bytes -= len(text)
-            await self.websocket.send_text(text)
+            try:
+                # Sending blocks while the socket's buffers are full; cancelling it mid-wait
+                # writes nothing (uvicorn waits for the socket to be writable, then writes whole).
+                async with asyncio.timeout(self.settings.max_output_stall_s):
+                    await self.websocket.send_text(text)
+            except TimeoutError:
+                self._give_up_on_reader()
             if not self.outbox:
                 self.outbox_drained.set()
 
@@ -212,40 +264,80 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
         return
     settings = RealtimeSettings.from_profile(state.settings.profile)
     offered = subprotocols(websocket.scope.get("headers", []))
-    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+    resumer = state.resumer
+    if resumer is not None and ("session_id" in websocket.query_params or "resume_token" in websocket.query_params):
+        from session_server.realtime.resume import serve_resume
+
+        await serve_resume(websocket, state, settings, offered)
+        return
     session_id = f"sess_{secrets.token_hex(12)}"
+    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None, headers=session_headers(session_id))
+    link = new_link(websocket, state, settings, offered, session_id)
+    writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        refusal = _refusal(websocket, state, link.protocol)
+        if refusal is not None:
+            link.apply(link.protocol.reject(*refusal, CLOSE_POLICY))
+        else:
+            try:
+                if resumer is not None:
+                    await resumer.make_room()
+                link.graph = await state.runtime.open_session(session_id, "realtime", link.protocol.graph_config())
+            except SessionRejected as rejected:
+                _unspend_key(websocket)  # no session: the ephemeral key stays good
+                link.apply(link.protocol.reject(rejected.code, rejected.message))
+        if link.graph is not None:
+            if resumer is not None:
+                resumer.track(link)
+            link.apply(link.protocol.open())
+            tasks = start_tasks(link)
+            await _until_closed(link, tasks)
+    finally:
+        await end_link(link, writer, tasks, state)
+
+
+def session_headers(session_id: str) -> list[tuple[bytes, bytes]]:
+    """The handshake names the session, so a proxy can pin its resumes to this replica (deploy/haproxy.cfg)."""
+    return [(b"x-sglang-session-id", session_id.encode())]
+
+
+def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSettings, offered: list[str], session_id: str) -> _Link:
     protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
                                 reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
     if beta_requested(websocket.scope.get("headers", []), offered):
         protocol.dialect.choose(BETA)
-    link = _Link(websocket, protocol, settings, state.metrics)
-    writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
-    tasks: list[asyncio.Task[None]] = []
-    try:
-        refusal = _refusal(websocket, state, protocol)
-        if refusal is not None:
-            link.apply(protocol.reject(*refusal, CLOSE_POLICY))
-        else:
-            try:
-                link.graph = await state.runtime.open_session(session_id, "realtime", protocol.graph_config())
-            except SessionRejected as rejected:
-                _unspend_key(websocket)  # no session: the ephemeral key stays good
-                link.apply(protocol.reject(rejected.code, rejected.message))
-        if link.graph is not None:
-            link.apply(protocol.open())
-            tasks = [
-                asyncio.create_task(link.reader(), name=f"{session_id}:reader"),
-                asyncio.create_task(link.feeder(), name=f"{session_id}:feeder"),
-                asyncio.create_task(link.pump(), name=f"{session_id}:pump"),
-            ]
-            await _until_closed(link, tasks)
-    finally:
+    return _Link(websocket, protocol, settings, state.metrics)
+
+
+def start_tasks(link: _Link, running: list[asyncio.Task[None]] | None = None) -> list[asyncio.Task[None]]:
+    """The reader, and the feeder and pump (new, or still running while the session was detached)."""
+    session_id = link.protocol.session_id
+    reader = asyncio.create_task(link.reader(), name=f"{session_id}:reader")
+    if running:
+        return [reader, *running]
+    return [reader, asyncio.create_task(link.feeder(), name=f"{session_id}:feeder"),
+            asyncio.create_task(link.pump(), name=f"{session_id}:pump")]
+
+
+async def end_link(link: _Link, writer: asyncio.Task[None], tasks: list[asyncio.Task[None]], state: ServerState) -> None:
+    """The socket is gone or the session over: detach a resumable session (resume.py), else end it."""
+    if link.detached.is_set() and not link.closed.is_set() and link.graph is not None and state.resumer is not None:
         for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if link.graph is not None:
-            await link.graph.close(link.close_reason or "client_closed")
-        await _finish(link, writer)
+            if task.get_name().endswith(":reader"):
+                task.cancel()
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        state.resumer.park(link, [t for t in tasks if not t.get_name().endswith(":reader")])
+        return
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if link.graph is not None:
+        await link.graph.close(link.close_reason or "client_closed")
+        if state.resumer is not None:
+            await state.resumer.ended(link)
+    await _finish(link, writer)
 
 
 def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:
@@ -280,12 +372,16 @@ def _unspend_key(websocket: WebSocket) -> None:
 
 async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:
     closed = asyncio.create_task(link.closed.wait())
+    detached = asyncio.create_task(link.detached.wait())
     try:
-        while not link.closed.is_set():
-            done, _ = await asyncio.wait([closed, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        while not link.closed.is_set() and not link.detached.is_set():
+            done, _ = await asyncio.wait([closed, detached, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not closed and not task.cancelled() and task.exception() is not None:
+                if task not in (closed, detached) and not task.cancelled() and task.exception() is not None:
                     exc = task.exception()
+                    if isinstance(exc, WebSocketDisconnect) and link.resume_token is not None and exc.code not in FINAL_CLOSE_CODES:
+                        link.detach()
+                        continue
                     link.disconnected = link.disconnected or isinstance(exc, WebSocketDisconnect)
                     if not isinstance(exc, WebSocketDisconnect):
                         log.error("realtime session %s: %s failed", link.protocol.session_id, task.get_name(), exc_info=exc)
@@ -295,6 +391,7 @@ async def _until_closed(link: _Link, tasks: list[asyncio.Task[None]]) -> None:
                 link.apply(link.protocol.close("closed"))
     finally:
         closed.cancel()
+        detached.cancel()
 
 
 async def _finish(link: _Link, writer: asyncio.Task[None]) -> None:

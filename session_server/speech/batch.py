@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from graph.errors import SessionRejected
 from session_server.speech import encode
+from session_server.request_body import declared_body
 from session_server.speech.params import SpeechError, check_model, parse_speech
 from session_server.speech.routes import ensure_available, error_response, read_json, synthesize_clip, wait_for_disconnect
 from session_server.speech.service import SpeechFailed, SpeechService, usage_body
@@ -43,6 +44,19 @@ INHERITED = (
     "ref_audio",
     "ref_text",
 )
+# Items and the defaults they inherit are checked item by item: a bad one gets its own
+# `status: "error"` entry in a 200 answer, so the schema constrains only the batch itself.
+_ITEM = {"description": "a speech request (as for POST /v1/audio/speech, without streaming)", "example": {"input": "Hello."}}
+BATCH_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {
+        "model": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "items": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH_ITEMS, "items": _ITEM},
+        **{field: {"description": "the default for every item that does not set it"} for field in INHERITED},
+    },
+    "additionalProperties": True,
+}
 
 
 async def run_item(service: SpeechService, index: int, fields: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +77,7 @@ async def run_item(service: SpeechService, index: int, fields: dict[str, Any]) -
 
 
 def install_batch_route(app: FastAPI, service: SpeechService) -> None:
-    @app.post("/v1/audio/speech/batch")
+    @app.post("/v1/audio/speech/batch", openapi_extra=declared_body({"application/json": BATCH_REQUEST_SCHEMA}))
     async def create_speech_batch(request: Request) -> Response:
         try:
             ensure_available(service)

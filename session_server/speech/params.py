@@ -18,6 +18,36 @@ STREAM_FORMATS = ("sse", "audio")
 VOICE_CLONING_UNSUPPORTED = "the loaded model does not support voice cloning"
 
 
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional field: null means the default, as if it were left out."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+# What `parse_speech` accepts, for the OpenAPI schema. The limits that depend on the profile
+# (`speech.max_input_chars`, `speech.max_new_tokens`) and the model's voices are checked at run time.
+SPEECH_FIELDS: dict[str, Any] = {
+    "model": _or_null({"type": "string"}),
+    "voice": _or_null({"type": "string", "description": "one of the model's voices (GET /v1/audio/voices)"}),
+    "response_format": _or_null({"type": "string", "enum": list(RESPONSE_FORMATS)}),
+    "speed": _or_null({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
+    "sample_rate": _or_null({"type": "integer", "enum": list(SAMPLE_RATES)}),
+    "instructions": _or_null({"type": "string"}),
+    "max_new_tokens": _or_null({"type": "integer", "minimum": 1}),
+    "seed": _or_null({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+}
+SPEECH_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "input": {"type": "string", "minLength": 1},
+        **SPEECH_FIELDS,
+        "stream": _or_null({"type": "boolean"}),
+        "stream_format": _or_null({"type": "string", "enum": list(STREAM_FORMATS)}),
+    },
+    "additionalProperties": True,  # other vLLM-Omni fields (`language`, `task_type`...) are ignored
+}
+
+
 class SpeechError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, type: str = "invalid_request_error"):
         super().__init__(message)

@@ -33,7 +33,8 @@ from graph.errors import SessionRejected
 from graph.messages import Usage
 from session_server.errors import openai_error_response
 from session_server.speech import encode
-from session_server.speech.params import SpeechError, SpeechParams, parse_speech
+from session_server.request_body import declared_body
+from session_server.speech.params import SPEECH_REQUEST_SCHEMA, SpeechError, SpeechParams, parse_speech
 from session_server.speech.service import SPEECH_INPUT, SpeechFailed, SpeechJob, SpeechService, usage_body
 
 log = logging.getLogger("session_server.speech")
@@ -200,7 +201,7 @@ async def wait_for_disconnect(request: Request) -> None:
 
 
 def install_speech_route(app: FastAPI, service: SpeechService) -> None:
-    @app.post("/v1/audio/speech")
+    @app.post("/v1/audio/speech", openapi_extra=declared_body({"application/json": SPEECH_REQUEST_SCHEMA}))
     async def create_speech(request: Request) -> Response:
         try:
             ensure_available(service)

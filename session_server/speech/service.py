@@ -51,6 +51,8 @@ class SpeechConfig:
     # Used only when no resource names speakers (fake graphs, models without speakers).
     voices: tuple[str, ...] = ("default",)
     voices_dir: str = "~/.cache/sgl-omni/voices"
+    # s3://BUCKET/PREFIX: the registry on S3-compatible storage, shared by replicas (voice_registry_s3.py).
+    voices_url: str | None = None
     # Uploads of a new name past this get 400 `voice_limit_reached`.
     max_voices: int = 1000
     voice_policy: str = "overwrite"
@@ -82,6 +84,10 @@ class SpeechConfig:
         if unknown:
             raise ValueError(f"speech.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
         config = convert_section(raw, cls, "speech")  # types checked: one line naming the key
+        if config.voices_url is not None:
+            from session_server.speech.voice_registry_s3 import parse_voices_url
+
+            parse_voices_url(config.voices_url)
         if config.voice_policy not in POLICIES:
             raise ValueError(f"speech.voice_policy: {config.voice_policy!r} is not allowed (allowed: {', '.join(POLICIES)})")
         return config
@@ -130,14 +136,15 @@ class SpeechService:
 
     def registry(self) -> VoiceRegistry:
         if self._registry is None:
-            registry = VoiceRegistry(
-                Path(self.config.voices_dir).expanduser(),
-                builtin=frozenset(self.model_voices().names),
-                max_voices=self.config.max_voices,
-                policy=self.config.voice_policy,
-                min_seconds=self.config.voice_min_s,
-                max_seconds=self.config.voice_max_s,
-            )
+            options = dict(builtin=frozenset(self.model_voices().names), max_voices=self.config.max_voices,
+                           policy=self.config.voice_policy, min_seconds=self.config.voice_min_s,
+                           max_seconds=self.config.voice_max_s)
+            if self.config.voices_url:
+                from session_server.speech.voice_registry_s3 import S3VoiceRegistry
+
+                registry: VoiceRegistry = S3VoiceRegistry(self.config.voices_url, **options)
+            else:
+                registry = VoiceRegistry(Path(self.config.voices_dir).expanduser(), **options)
             registry.load()
             self._registry = registry
         return self._registry

@@ -10,6 +10,7 @@ On start the directory is scanned and every readable voice is restored; unreadab
 files whose name collides with a built-in speaker are skipped with a warning, so an upload can
 never shadow a model speaker. The directory may be shared by several replicas: when its voice
 files change (another replica added, replaced or deleted one) the headers are read again.
+`voice_registry_s3.py` keeps the same files in an S3 bucket instead (`--voices-url s3://...`).
 
 Replacing a voice writes the new file under a temporary name, fsyncs it, then `os.replace`s it
 over the old one: a failed re-upload (bad audio, full disk, crash mid-write) leaves the existing
@@ -204,8 +205,7 @@ class VoiceRegistry:
         voice = self.get(name)
         if voice is None:
             raise VoiceError(404, "voice_not_found", f"Voice '{name}' not found", "name")
-        with safe_open(self._path(name), framework="numpy") as handle:
-            return handle.get_tensor("audio"), voice.sample_rate
+        return self._read_audio(name), voice.sample_rate
 
     # ------------------------------------------------------------------ changes
 
@@ -254,7 +254,7 @@ class VoiceRegistry:
                 )
             if not replaced and len(self._voices) >= self.max_voices:
                 raise VoiceError(400, "voice_limit_reached", f"The server holds at most {self.max_voices} uploaded voices", "name")
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self._ensure_storage()
             self._write_atomically(voice, np.ascontiguousarray(samples, dtype=np.float32))
             self._voices[name] = voice
             self._seen = self._signature()
@@ -267,7 +267,7 @@ class VoiceRegistry:
             self._refresh()
             if name not in self._voices:
                 raise VoiceError(404, "voice_not_found", f"Voice '{name}' not found", "name")
-            self._path(name).unlink(missing_ok=True)
+            self._remove(name)
             del self._voices[name]
             self._seen = self._signature()
 
@@ -275,6 +275,17 @@ class VoiceRegistry:
 
     def _path(self, name: str) -> Path:
         return self.directory / _file_name(name)
+
+    # Storage primitives: a directory here; S3 in voice_registry_s3.py.
+    def _ensure_storage(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _remove(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+
+    def _read_audio(self, name: str) -> np.ndarray:
+        with safe_open(self._path(name), framework="numpy") as handle:
+            return handle.get_tensor("audio")
 
     def _write_atomically(self, voice: Voice, samples: np.ndarray) -> None:
         final = self._path(voice.name)

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from session_server.errors import openai_error_response
+from session_server.request_body import declared_body
 from session_server.speech.encode import AudioTooLong, decode_audio
 from session_server.speech.params import SpeechError
 from session_server.speech.routes import ensure_available, error_response
@@ -79,6 +80,19 @@ def _form_text(form, key: str) -> str | None:
     return str(value)
 
 
+VOICE_UPLOAD_SCHEMA = {
+    "type": "object",
+    "required": ["name", "consent", "audio_sample"],
+    "properties": {
+        "name": {"type": "string"},
+        "consent": {"type": "string", "minLength": 1},
+        "audio_sample": {"type": "string", "format": "binary", "description": "an audio file of `speech.voice_min_s` to `speech.voice_max_s` (1 to 60 s)"},
+        "ref_text": {"type": "string"},
+        "speaker_description": {"type": "string"},
+    },
+}
+
+
 def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
     @app.get("/v1/audio/voices")
     async def list_voices() -> Response:
@@ -91,7 +105,7 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
             {"voices": sorted(service.model_voices().names), "uploaded_voices": [voice.public() for voice in uploaded]}
         )
 
-    @app.post("/v1/audio/voices")
+    @app.post("/v1/audio/voices", openapi_extra=declared_body({"multipart/form-data": VOICE_UPLOAD_SCHEMA}))
     async def upload_voice(request: Request) -> Response:
         try:
             ensure_available(service)

@@ -16,7 +16,10 @@ WebSocket; this module moves messages and media. What is WebRTC-only:
 - barge-in: the core's Interrupt (speech during a reply, `response.cancel`,
   `output_audio_buffer.clear`) clears the track at once, so the next 20 ms frame is silence.
   Speech while a finished reply's audio is still playing clears the track too, and the item is
-  truncated to what was heard (`conversation.item.truncated`).
+  truncated to what was heard (`conversation.item.truncated`). A sound during a reply first
+  only holds the track (`HoldPlayback`): if it ends shorter than `interrupt_min_speech_ms` (a
+  cough) the reply plays on from where it paused, nothing lost; if it becomes a turn, the
+  barge-in above clears it.
 - sidebands (sideband.py): WebSockets attached to the call get every event the data channel
   gets, and their client events go through `receive_client_message` as the channel's do. They
   come and go without affecting the call; the call's end closes them.
@@ -38,7 +41,7 @@ import time
 from collections import deque
 from typing import Any
 
-from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from graph.messages import Interrupt
@@ -47,6 +50,7 @@ from session_server.realtime.protocol import (
     Action,
     CloseSession,
     ControlGraph,
+    HoldPlayback,
     RealtimeProtocol,
     ResponseState,
     SendAudio,
@@ -56,6 +60,7 @@ from session_server.realtime.protocol import (
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.ice import apply_candidate_policy, filter_remote_candidates, rtc_configuration
 from session_server.webrtc.media import InputAudio, RecentIds, ReplyAudioTrack
+from session_server.webrtc.offer import OfferError, PeerConnection, check_offer
 
 log = logging.getLogger("session_server.webrtc")
 
@@ -70,15 +75,6 @@ MAX_PENDING_INPUTS = 1024
 CLOSE_FLUSH_S = 1.0
 
 
-class OfferError(ValueError):
-    """The offer cannot be answered (bad SDP). The HTTP route turns it into a 400."""
-
-    def __init__(self, message: str, code: str = "invalid_offer"):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
 class Call:
     def __init__(self, call_id: str, protocol: RealtimeProtocol, config: WebRTCConfig, on_closed=lambda call: None, metrics: Any = None):
         self.id = call_id
@@ -86,7 +82,7 @@ class Call:
         self.protocol = protocol
         self.config = config
         self.graph: Any = None  # the GraphSession, set by `start`
-        self.pc = RTCPeerConnection(rtc_configuration(config))
+        self.pc = PeerConnection(rtc_configuration(config))
         self.track = ReplyAudioTrack(on_started=self._audio_started, on_stopped=self._audio_stopped)
         self.channel: RTCDataChannel | None = None
         self.closed = asyncio.Event()
@@ -117,6 +113,7 @@ class Call:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         offer = filter_remote_candidates(offer_sdp, self.config.candidates)
+        check_offer(offer)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
         except Exception as exc:  # noqa: BLE001 - aiortc raises ValueError/KeyError/... on bad SDP
@@ -282,6 +279,8 @@ class Call:
                     self.graph.control(action.control)
                 if isinstance(action.control, Interrupt):
                     self._clear_audio(action.control.response_id)
+            elif isinstance(action, HoldPlayback):
+                self.track.hold(action.held)
             elif isinstance(action, CloseSession):
                 self.close_soon(action.reason)
 
@@ -318,6 +317,7 @@ class Call:
 
     def _barge_in(self) -> None:
         """Speech while reply audio plays: stop it (when the session interrupts on speech)."""
+        self.track.hold(False)  # a held sound became a turn: the clear below, if any, decides
         detection = self.protocol.config.turn_detection
         if detection is not None and detection.interrupt_response:
             self._stop_playback()

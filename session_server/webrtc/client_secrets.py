@@ -53,7 +53,7 @@ def parse_request(body: Any) -> tuple[int, dict[str, Any]]:
         body = {}
     if not isinstance(body, dict):
         raise ClientSecretError("The request body must be a JSON object.")
-    expires_after = body.get("expires_after") or {}
+    expires_after = {} if body.get("expires_after") is None else body["expires_after"]
     if not isinstance(expires_after, dict):
         raise ClientSecretError("`expires_after` must be an object {anchor, seconds}.", "expires_after")
     anchor = expires_after.get("anchor", "created_at")
@@ -65,7 +65,7 @@ def parse_request(body: Any) -> tuple[int, dict[str, Any]]:
             f"`expires_after.seconds` must be an integer from {MIN_SECONDS} to {MAX_SECONDS}, got {seconds!r}.",
             "expires_after.seconds",
         )
-    session = body.get("session") or {}
+    session = {} if body.get("session") is None else body["session"]
     if not isinstance(session, dict):
         raise ClientSecretError("`session` must be an object.", "session")
     session_type = session.get("type", "realtime")

@@ -10,7 +10,8 @@ Out: `ReplyAudioTrack` is the track the server sends. The transport pushes reply
 per 20 ms of wall clock: paced like a real microphone, no bursts. While no reply audio is
 waiting it sends silence, so the client's jitter buffer stays primed and a reply starts at once.
 `clear()` drops what is queued: the next frame (at most 20 ms later) is silence, so barge-in
-stops the audio within one frame.
+stops the audio within one frame. `hold(True)` pauses the reply without dropping anything (silence
+frames go out meanwhile, not counted as underruns); `hold(False)` plays on from where it paused.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class ReplyAudioTrack(MediaStreamTrack):
         self._finished = RecentIds()
         self._dropped = RecentIds()  # cleared responses: their late audio is ignored
         self._playing: str | None = None  # response whose frames are leaving now
+        self._held = False  # paused for a sound that may be a barge-in
         self._start: float | None = None
         self._timestamp = 0
         self.frames_sent = 0
@@ -181,7 +183,16 @@ class ReplyAudioTrack(MediaStreamTrack):
         self._response_id = None
         self._playing = None
         self._finished.clear()
+        self._held = False
         return audible
+
+    def hold(self, held: bool) -> None:
+        """Pause the reply audio (True) or play on from where it paused (False)."""
+        self._held = held
+
+    @property
+    def held(self) -> bool:
+        return self._held
 
     @property
     def queued_ms(self) -> float:
@@ -222,6 +233,8 @@ class ReplyAudioTrack(MediaStreamTrack):
     def _next_frame_pcm(self) -> np.ndarray:
         """One frame: reply audio when a whole frame (or a finished reply's tail) is queued, else silence."""
         pcm = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if self._held:
+            return pcm
         if not self._queue:
             self._maybe_stopped()
             return pcm

@@ -30,13 +30,38 @@ from session_server.realtime.protocol import RealtimeProtocol, realtime_unavaila
 from session_server.realtime.served import served_model
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
-from session_server.webrtc.client_secrets import PREFIX, ClientSecretError, ClientSecrets, parse_request
+from session_server.request_body import declared_body
+from session_server.webrtc.client_secrets import MAX_SECONDS, MIN_SECONDS, PREFIX, ClientSecretError, ClientSecrets, parse_request
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.registry import CallRegistry
 
 log = logging.getLogger("session_server.webrtc")
 
 MAX_OFFER_BYTES = 64 * 1024
+
+# The request bodies, for the OpenAPI schema (the routes read and check them themselves).
+_SDP = {"type": "string", "maxLength": MAX_OFFER_BYTES, "description": "the SDP offer, starting with `v=0`, with an audio m-line"}
+OFFER_BODIES = {
+    "application/sdp": _SDP,
+    "multipart/form-data": {
+        "type": "object",
+        "required": ["sdp"],
+        "properties": {"sdp": _SDP, "session": {"type": "string", "description": "a JSON session config, as in `session.update`"}},
+    },
+}
+CLIENT_SECRET_REQUEST_SCHEMA = {
+    "type": ["object", "null"],  # null, like no body: the defaults
+    "properties": {
+        "expires_after": {
+            "type": ["object", "null"],
+            "properties": {
+                "anchor": {"type": "string", "enum": ["created_at"]},
+                "seconds": {"type": "integer", "minimum": MIN_SECONDS, "maximum": MAX_SECONDS},
+            },
+        },
+        "session": {"type": ["object", "null"], "description": "a realtime session config, as in `session.update`"},
+    },
+}
 
 
 class CallRefused(Exception):
@@ -49,7 +74,7 @@ class CallRefused(Exception):
 
 
 def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: CallRegistry, client_secrets: ClientSecrets) -> None:
-    @app.post("/v1/realtime/calls")
+    @app.post("/v1/realtime/calls", openapi_extra=declared_body(OFFER_BODIES))
     async def create_call(request: Request) -> Response:
         try:
             _check_realtime_input(state)
@@ -83,7 +108,7 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
         await call.close("hangup")
         return JSONResponse({})
 
-    @app.post("/v1/realtime/client_secrets")
+    @app.post("/v1/realtime/client_secrets", openapi_extra=declared_body({"application/json": CLIENT_SECRET_REQUEST_SCHEMA}, required=False))
     async def create_client_secret(request: Request) -> Response:
         if (bearer_key(request.headers.raw) or "").startswith("ek_"):
             return openai_error_response(403, "An ephemeral key cannot mint client secrets.", code="invalid_api_key")
@@ -110,7 +135,10 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     session: Any = {}
     if content_type == "multipart/form-data":
-        form = await request.form()
+        try:
+            form = await request.form(max_files=2, max_fields=2)
+        except Exception as exc:  # noqa: BLE001 - any malformed form is the client's error
+            raise CallRefused(400, f"Malformed multipart form: {getattr(exc, 'detail', exc)}", "invalid_form") from None
         sdp = form.get("sdp")
         raw_session = form.get("session")
         if isinstance(sdp, UploadFile):

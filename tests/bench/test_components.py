@@ -41,6 +41,15 @@ def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(figures
     assert vad["batched_sessions"] == 4 and vad["batched_x_realtime"] > 0
 
 
+def test_the_end_of_turn_classifier_is_measured_per_call_and_per_session_second_beside_the_vad():
+    figures = components.end_of_turn_figures(10.0, 4, 1)
+    assert figures["calls"] > 0  # the fixture's pauses get checks
+    assert figures["calls_per_session_s"] == round(figures["calls"] / figures["audio_s"], 3)
+    assert figures["ms_per_call"] > 0 and figures["ms_per_session_s"] > 0
+    assert figures["batched_sessions"] == 4
+    assert figures["batched_ms_per_turn"] == pytest.approx(figures["batched_ms_per_call"] / 4, abs=0.1)
+
+
 def test_ratios_divide_server_figures_by_direct_ones():
     level = {"sessions": 4, "ttfa_from_speech_stopped_ms": {"p50": 300.0, "p95": 600.0}}
     doc = {

@@ -171,6 +171,43 @@ def test_a_new_turns_prefill_runs_one_chunk_between_decode_steps(omni):
     torch.testing.assert_close(newcomer._last_logits, reference._last_logits, atol=1e-5, rtol=1e-5)
 
 
+def audio_turn(omni, seconds: float, seed: int) -> dict:
+    inputs = build_turn_inputs(omni, audio=speech(seconds, seed=seed), add_generation_prompt=True)
+    return encode_turns(omni, [inputs.tensors()])[0]
+
+
+def test_turns_that_arrive_together_are_prefilled_in_one_forward_with_the_same_results(omni):
+    # Different lengths (padded to the longest), text and audio, sessions with and without history.
+    def open_sessions():
+        sessions = [ThinkerSession(omni, max_reply_tokens=6) for _ in range(4)]
+        sessions[3].prefill(text_turn(omni, 12, seed=9))  # one with history: its row does not start at 0
+        while sessions[3].decode_step().finish_reason is None:
+            pass
+        return sessions
+
+    turns = [text_turn(omni, 3, seed=1), audio_turn(omni, 0.7, seed=2), text_turn(omni, 30, seed=3),
+             audio_turn(omni, 0.4, seed=4)]
+    alone, together = open_sessions(), open_sessions()
+    expected = [session.prefill(turn) for session, turn in zip(alone, turns)]
+    runner = together[0]._runner
+    forwards = runner.forwards
+    results = run_calls(runner, [_Call(session.prefill_work(turn)) for session, turn in zip(together, turns)])
+    assert runner.forwards - forwards == 1  # all four prefills: one forward
+    for got, want, a, b in zip(results, expected, together, alone):
+        assert got.new_tokens == want.new_tokens
+        torch.testing.assert_close(got.multimodal_hidden, want.multimodal_hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a._last_logits, b._last_logits, atol=1e-5, rtol=1e-5)
+        assert a.cache.get_seq_length() == a.context_length == b.context_length
+    # The padding left nothing behind: the replies are the ones each session gets alone.
+    for a, b in zip(together, alone):
+        mine, theirs = [], []
+        while (step := a.decode_step()).finish_reason is None:
+            mine.append(step.token_id)
+        while (step := b.decode_step()).finish_reason is None:
+            theirs.append(step.token_id)
+        assert mine == theirs
+
+
 def test_rollback_is_a_shorter_row_and_a_closed_sessions_row_is_reused(omni):
     session = ThinkerSession(omni, max_reply_tokens=5)
     session.prefill(text_turn(omni, 12))
@@ -214,3 +251,24 @@ def test_slot_cache_grows_and_keeps_what_rows_hold():
     assert torch.equal(cache.keys[0][second, :, 7], new_keys[0, :, 0])
     assert torch.equal(cache.keys[0][first, :, 3], new_keys[1, :, 0])
     assert torch.equal(rows_keys[1, :, :3], keys[0][0])  # what row `first` held is kept, in the given row order
+
+
+def test_a_prefill_chunk_waits_while_a_more_urgent_reply_decodes_in_the_same_batch(omni):
+    # Issue 16: calls come most urgent first. A reply waiting for its first audio (first in the
+    # batch) must not pay a long prefill's chunk with each of its tokens; the chunk waits
+    # (AGAIN) and goes through in the next batch where no more urgent call feeds.
+    runner = ThinkerRunner.for_model(omni)
+    urgent = ThinkerSession(omni, max_reply_tokens=50)
+    urgent.prefill(text_turn(omni, 6, seed=1))
+    urgent.decode_step()  # its first token came with the prefill; from here each one is a forward
+    long_turn = ThinkerSession(omni, max_reply_tokens=4, prefill_chunk_tokens=16)
+    prefill = _Call(long_turn.prefill_work(text_turn(omni, 20, seed=5)))
+
+    forwards = runner.forwards
+    results = run_calls(runner, [_Call(urgent.decode_work()), prefill])
+    assert results[1] is AGAIN and runner.forwards - forwards == 1  # the decode step alone
+
+    forwards = runner.forwards
+    results = run_calls(runner, [prefill, _Call(urgent.decode_work())])  # the prefill first now
+    assert results[0] is AGAIN and results[1] is not AGAIN
+    assert runner.forwards - forwards == 2  # the decode step and a chunk

@@ -278,3 +278,30 @@ def test_user_turns_put_through_the_talker_before_the_reply_leave_it_only_the_as
     assert outputs[0][0] == 9 and outputs[1][0] == cold.user_length + 9
     assert torch.equal(outputs[0][1], outputs[1][1])
     assert torch.allclose(outputs[0][2], outputs[1][2], rtol=0, atol=1e-5)
+
+
+def test_user_turns_put_through_the_talker_in_slices_give_the_reply_what_one_pass_gives(talker, prompt_ids):
+    # Issue 16: a long turn goes through in slices (other sessions' work between them); a reply
+    # that starts after some of the slices prefills the rest itself.
+    whole, sliced, partly = TalkerHistory(talker), TalkerHistory(talker), TalkerHistory(talker)
+    for history in (whole, sliced, partly):
+        history.add_prompt(prompt_ids)
+    assert sliced.user_length > 4
+    prefill_user_turns(whole)
+    slices = []
+    while computed := prefill_user_turns(sliced, max_positions=3):
+        slices.append(computed)
+    assert sum(slices) == sliced.user_length and max(slices) == 3
+    assert prefill_user_turns(partly, max_positions=3) == 3
+
+    outputs = []
+    for history in (whole, sliced, partly):
+        reply = TalkerReply(talker, history, prompt_ids[-3:], sampling=GREEDY)
+        reply.add_text([104, 105, 106], final=True)
+        frames = torch.stack([reply.step() for _ in range(3)])
+        outputs.append((reply.prefill_tokens, frames, reply.last_hidden))
+
+    assert [tokens for tokens, _, _ in outputs] == [9, 9, partly.user_length - 3 + 9]
+    for tokens, frames, hidden in outputs[1:]:
+        assert torch.equal(frames, outputs[0][1])
+        assert torch.allclose(hidden, outputs[0][2], rtol=0, atol=1e-5)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from graph.messages import AudioChunk, AudioOut, Command, Interrupt, NodeEvent, TextDelta, TurnDone, Usage
+from session_server.realtime import session_config
 from session_server.realtime.protocol import (
     CLOSE_INTERNAL,
     CloseSession,
@@ -167,12 +168,43 @@ def test_beta_field_names_are_accepted_and_answered_in_ga_shape():
     assert {m.target for m in configure} == {"silero_vad", "dialog"}
 
 
-def test_semantic_vad_is_served_as_server_vad_and_says_so():
+def test_semantic_vad_is_served_by_the_end_of_turn_model_and_says_so():
     protocol = opened()
     actions = send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
     detection = events(actions)[-1]["session"]["audio"]["input"]["turn_detection"]
     assert detection["type"] == "semantic_vad"
-    assert detection["sglang"] == {"served_as": "server_vad", "silence_duration_ms": 300}
+    assert detection["eagerness"] == "high"
+    assert "silence_duration_ms" not in detection  # pauses are judged by the model, not a window
+    assert detection["sglang"] == {"interrupt_min_speech_ms": 250, "end_of_turn_model": "smart-turn-v3.2", "max_silence_ms": 2000}
+    graph = protocol.config.to_graph()["turn_detection"]
+    assert graph["semantic"] == {"check_after_ms": 200, "max_silence_ms": 2000}
+
+
+def test_server_vad_takes_the_semantic_check_and_the_barge_in_threshold_as_extensions():
+    protocol = opened()
+    detection = {"type": "server_vad", "silence_duration_ms": 400,
+                 "sglang": {"semantic_end_of_turn": True, "max_silence_ms": 2500, "interrupt_min_speech_ms": 400}}
+    actions = send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": detection}}})
+    echo = events(actions)[-1]["session"]["audio"]["input"]["turn_detection"]
+    assert echo["silence_duration_ms"] == 400
+    assert echo["sglang"] == {"interrupt_min_speech_ms": 400, "semantic_end_of_turn": True,
+                              "end_of_turn_model": "smart-turn-v3.2", "max_silence_ms": 2500}
+    graph = protocol.config.to_graph()["turn_detection"]
+    assert graph["semantic"] == {"check_after_ms": 400, "max_silence_ms": 2500}
+    assert graph["interrupt_min_speech_ms"] == 400
+
+
+def test_semantic_vad_without_the_smart_turn_extra_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(session_config, "smart_turn_installed", lambda: False)
+    protocol = opened()
+    before = protocol.config
+    actions = send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    (error,) = events(actions)
+    assert error["type"] == "error"
+    assert error["error"]["code"] == "semantic_vad_unavailable"
+    assert error["error"]["param"] == "session.audio.input.turn_detection.type"
+    assert "smart-turn" in error["error"]["message"]
+    assert protocol.config == before
 
 
 def test_a_rejected_update_changes_nothing():

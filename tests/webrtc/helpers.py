@@ -33,7 +33,7 @@ def utterance(text: str = "What is the weather like today in Paris?", rate: int 
 
 def open_peer_connections() -> list[RTCPeerConnection]:
     gc.collect()
-    return [o for o in gc.get_objects() if type(o) is RTCPeerConnection and o.connectionState != "closed"]
+    return [o for o in gc.get_objects() if isinstance(o, RTCPeerConnection) and o.connectionState != "closed"]
 
 
 def udp_sockets() -> int:

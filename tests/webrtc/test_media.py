@@ -111,6 +111,22 @@ async def test_clear_silences_the_very_next_frame_and_drops_late_audio_of_that_r
     assert track.clear() == "resp_2" and track.clear() is None
 
 
+async def test_a_held_reply_pauses_and_then_plays_on_from_where_it_paused_losing_nothing():
+    track, _ = track_with_clock([])
+    track.push("resp_1", tone24k(200))
+    track.finish("resp_1")
+    for _ in range(3):
+        assert np.abs(frame_pcm(await track.recv())).max() > 1000
+    track.hold(True)  # a sound during the reply: maybe a cough
+    held = [np.abs(frame_pcm(await track.recv())).max() for _ in range(5)]
+    assert held == [0] * 5 and track.played_ms("resp_1") == pytest.approx(60, abs=1) and track.underruns == 0
+    track.hold(False)  # it was
+    loud = 0
+    while np.abs(frame_pcm(await track.recv())).max() > 1000:
+        loud += 1
+    assert track.played_ms("resp_1") == pytest.approx(200, abs=21) and loud >= 6
+
+
 async def test_an_underrun_sends_silence_rather_than_a_partial_frame_and_the_tail_plays_when_finished():
     track, _ = track_with_clock([])
     track.push("resp_1", tone24k(50))
