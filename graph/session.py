@@ -15,11 +15,12 @@ Failure isolation: an exception in one node ends this session only, with `error`
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graph.background import spawn
 from graph.edges import Inbox, InboxClosed
@@ -37,13 +38,21 @@ log = logging.getLogger("graph.session")
 _NEVER_PURGED = (TurnDone, NodeEvent)
 
 
+# Before a reply's first audio: how much later each stage further from the listener is due.
+FIRST_AUDIO_STAGE_S = 0.00005
+
+
 class PlaybackClock:
     """When this session's reply-side compute is due (graph/executor.py schedules by it).
 
     A listener starts playing at the reply's first audio and plays in real time, so it runs dry
-    at first audio + seconds sent; the next chunk is due `margin_s` before that (it takes a few
-    stage hops to make). Before its first audio the listener is already waiting, as if it ran dry
-    when the reply was asked for: the reply's work is due `margin_s` before that, at every stage.
+    at first audio + seconds sent. Its next chunk is due `margin_s` before the reply was asked
+    for + seconds sent: counted from the request, not from the first audio, so a reply whose first
+    audio came late (a burst of turns) keeps the place in line it had while its listener waited,
+    instead of starving behind turns asked for after it (measured: 30-39 underruns at 64 turns
+    ending together counted from the first audio, 0-2 counted from the request). Before its first
+    audio the listener is already waiting, as if it ran dry when the reply was asked for: the
+    reply's work is due `margin_s` before that, and the stage nearer the listener goes first.
     So the oldest waiting turn gets its first audio first, and a turn that just arrived goes
     before a reply that has started playing and still has audio buffered. With `lookahead_s`
     (live sessions; profile `compute: {lookahead_ms}`), work is released `lookahead_s` before it
@@ -70,11 +79,17 @@ class PlaybackClock:
         self._requested_at = self._started_at = None
         self._seconds = 0.0
 
-    def due(self) -> float:
+    def due(self, stages_out: int = 0) -> float:
+        """`stages_out`: of the stage asking (its distance from the listener, `Wiring.stages_out`).
+        Before the first audio every stage of the reply is due at once; there the stage nearer the
+        listener goes first (`FIRST_AUDIO_STAGE_S` per stage), so the turn that has waited
+        longest is finished before a later stage of it, or of a turn asked for just after,
+        starts. Once audio plays, stages tie and batch freely."""
         if self._started_at is not None:
-            return self._started_at + self._seconds - self.margin_s
+            anchor = self._started_at if self._requested_at is None else self._requested_at
+            return anchor + self._seconds - self.margin_s
         if self._requested_at is not None:
-            return self._requested_at - self.margin_s
+            return self._requested_at - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
         return time.monotonic()
 
     def release(self) -> float:
@@ -95,6 +110,10 @@ class Wiring:
     inputs: dict[str, Port]
     # The nodes that messages put into each input can reach.
     reach: dict[str, frozenset[str]]
+    # Each node's stages from the listener: the longest path from it to the last node on the way
+    # out (code2wav 0, talker 1, thinker 2...). Before a reply's first audio, a stage nearer the
+    # listener goes first (PlaybackClock.due).
+    stages_out: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, spec: GraphSpec) -> Wiring:
@@ -113,11 +132,16 @@ class Wiring:
                     pending += downstream.get(current, ())
             return frozenset(reached)
 
+        def stages_out(node: str, seen: frozenset[str] = frozenset()) -> int:
+            after = [stages_out(d, seen | {node}) for d in downstream.get(node, ()) if d not in seen and d != node]
+            return 1 + max(after) if after else 0
+
         return cls(
             routes={key: tuple(targets) for key, targets in routes.items()},
             outputs=frozenset((port.node, port.stream) for port in spec.outputs),
             inputs=dict(spec.inputs),
             reach={name: reach(port.node) for name, port in spec.inputs.items()},
+            stages_out={name: stages_out(name) for name in spec.nodes},
         )
 
     def reached_from(self, inputs: Collection[str]) -> frozenset[str]:
@@ -264,7 +288,7 @@ class GraphSession:
         # priority: speech requests after live sessions.
         current_priority.set(PRIORITY_SPEECH if self.kind == "speech" else PRIORITY_REALTIME)
         if self._nodes[name].follows_playback:
-            current_due.set(self.playback.due)
+            current_due.set(functools.partial(self.playback.due, self._wiring.stages_out.get(name, 0)))
             current_release.set(self.playback.release)
         inbox = self._inboxes[name]
         node_session = self._node_sessions[name]

@@ -180,8 +180,10 @@ class TalkerSession(NodeSession):
         await compute.run(self._add_prompt_now, chunk)
         # While the thinker works on its first token, the talker takes the new user turns in, so
         # the reply's own talker prefill is just its 9-position assistant block.
+        # A slice short of USER_PREFILL_SLICE was the last: no call more (one would wait, as a
+        # continuation, behind the thinker's whole reply and hold this reply's first frame).
         due = None
-        while await compute.run(prefill_user_turns, self.history, USER_PREFILL_SLICE, due=due):
+        while await compute.run(prefill_user_turns, self.history, USER_PREFILL_SLICE, due=due) >= USER_PREFILL_SLICE:
             due = continuation_due()  # the next slice goes after work waiting since before it
 
     def _add_prompt_now(self, chunk: HiddenChunk) -> None:

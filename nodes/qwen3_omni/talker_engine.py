@@ -469,7 +469,7 @@ def prefill_user_turns(history: TalkerHistory, max_positions: int | None = None)
     """Put the user turns that are new since the kept KV through the talker now, before a reply
     asks for them, so the reply's own prefill is only its 9-position assistant block (less time to
     first audio). At most `max_positions` per call (a slice of a long turn: call again while it
-    returns more than 0; a reply's prefill takes whatever is left). Returns the positions
+    returns a whole slice; a reply's prefill takes whatever is left). Returns the positions
     computed. Needs `history.keep_kv`."""
     if not history.keep_kv or not history.segments:
         return 0

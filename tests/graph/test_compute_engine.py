@@ -243,13 +243,15 @@ def test_playback_clock_says_when_reply_work_is_due(monkeypatch):
     clock.reply_requested()
     now[0] = 100.5
     # The listener waits from the moment it asked, as if it ran dry then: every stage of the
-    # reply is due the margin before that.
+    # reply is due the margin before that, the stage nearer the listener first.
     assert clock.due() == pytest.approx(99.8)
-    clock.audio_sent(1.0)  # first audio at 100.5: the listener runs dry at 101.5
+    assert clock.due(stages_out=0) < clock.due(stages_out=1) < clock.due(stages_out=2) < 99.81
+    clock.audio_sent(1.0)  # first audio at 100.5, 1 s of audio: counted from the request
     now[0] = 100.9
-    assert clock.due() == pytest.approx(101.3)
+    assert clock.due() == pytest.approx(100.8)
+    assert clock.due(stages_out=2) == clock.due()  # once audio plays, stages tie
     clock.audio_sent(0.5)
-    assert clock.due() == pytest.approx(101.8)
+    assert clock.due() == pytest.approx(101.3)
     clock.reply_ended()
     assert clock.due() == 100.9
 
