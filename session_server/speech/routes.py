@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from graph.errors import SessionRejected
 from graph.messages import Usage
+from session_server import strict_json
 from session_server.errors import openai_error_response
 from session_server.speech import encode
 from session_server.request_body import declared_body
@@ -58,8 +59,8 @@ def ensure_available(service: SpeechService) -> None:
 
 async def read_json(request: Request) -> Any:
     try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return strict_json.loads(await request.body())
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise SpeechError(400, "The request body is not valid JSON (or is nested too deeply)", None, "invalid_json") from None
 
 

@@ -14,7 +14,6 @@ step releases what the earlier steps took.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from graph.errors import SessionRejected
+from session_server import strict_json
 from session_server.auth import bearer_key
 from session_server.errors import openai_error_response
 from session_server.realtime.events import RealtimeError
@@ -113,7 +113,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
         if (bearer_key(request.headers.raw) or "").startswith("ek_"):
             return openai_error_response(403, "An ephemeral key cannot mint client secrets.", code="invalid_api_key")
         try:
-            body = await request.json() if await request.body() else {}
+            raw = await request.body()
+            body = strict_json.loads(raw) if raw else {}
         except (ValueError, RecursionError):
             return openai_error_response(400, "The request body is not valid JSON.", code="invalid_json")
         try:
@@ -147,7 +148,7 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
             raw_session = (await raw_session.read()).decode("utf-8", "replace")
         if raw_session:
             try:
-                session = json.loads(raw_session)
+                session = strict_json.loads(raw_session)
             except (ValueError, RecursionError):
                 raise CallRefused(400, "The `session` part is not valid JSON.", "invalid_json", "session") from None
             if not isinstance(session, dict):

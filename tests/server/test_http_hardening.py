@@ -66,6 +66,20 @@ async def test_deeply_nested_json_to_client_secrets_and_to_a_calls_session_part_
         assert_openai_error(call, 400, "invalid_json")
 
 
+async def test_nan_and_infinity_are_not_json_on_any_json_route(speech_server, realtime_server):
+    # Python's json would take them; they would reach the samplers as numbers no range check covers.
+    async with client(speech_server) as http:
+        response = await http.post("/v1/audio/speech", content='{"model": "x", "input": "Hi", "speed": NaN}',
+                                   headers={"content-type": "application/json"})
+        assert_openai_error(response, 400, "invalid_json")
+    async with client(realtime_server) as http:
+        minted = await http.post("/v1/realtime/client_secrets", content='{"session": {"sglang": {"temperature": Infinity}}}',
+                                 headers={"content-type": "application/json"})
+        assert_openai_error(minted, 400, "invalid_json")
+        call = await http.post("/v1/realtime/calls", files={"sdp": (None, "v=0\r\n"), "session": (None, '{"temperature": NaN}')})
+        assert_openai_error(call, 400, "invalid_json")
+
+
 async def test_a_body_over_the_bound_is_refused_from_its_content_length_before_it_is_read(speech_server):
     async with client(speech_server) as http:
         response = await http.post("/v1/audio/speech", content=b"{" + b" " * (64 * 1024) + b"}", headers={"content-type": "application/json"})
