@@ -178,8 +178,14 @@ class TalkerSession(NodeSession):
             self._rollback = self.history.snapshot()  # undone at that reply's TurnDone
         compute = self.node.context.compute
         await compute.run(self._add_prompt_now, chunk)
-        # While the thinker works on its first token, the talker takes the new user turns in, so
-        # the reply's own talker prefill is just its 9-position assistant block.
+        # A reply right behind this prompt (an utterance that brought its reply): its own prefill
+        # takes the new user turn in with its assistant block, one forward (as the direct path
+        # does), unless the turn is long enough to need slices.
+        history = self.history
+        if chunk.tensors.get("reply_follows") and history.user_length - history.kv_length <= USER_PREFILL_SLICE:
+            return
+        # Otherwise, while the thinker works on its first token, the talker takes the new user
+        # turns in, so the reply's own talker prefill is just its 9-position assistant block.
         # A slice short of USER_PREFILL_SLICE was the last: no call more (one would wait, as a
         # continuation, behind the thinker's whole reply and hold this reply's first frame).
         due = None

@@ -298,6 +298,8 @@ class ThinkerNodeSession(NodeSession):
                     "image_grid_thw": message.tensors.get("image_grid_thw"),
                     "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
                     "out_of_band": bool(reply and reply.out_of_band),
+                    # A reply to this very prefill follows at once (its tokens come next).
+                    "reply_follows": reply is not None,
                 },
             ),
         )

@@ -122,6 +122,29 @@ async def test_reply_tokens_become_streamed_audio_equal_to_a_one_shot_decode_the
     await session.close()
 
 
+async def test_a_prompt_whose_reply_follows_is_prefilled_with_the_reply_in_one_forward_and_the_same_frames(runtime):
+    async def frames_of(session_id: str, reply_follows: bool):
+        session = await runtime.open_session(session_id, config={"voice": "chelsie"})
+        inputs, handle = record_talker_inputs(runtime)
+        chunk = prompt_chunk(runtime)
+        chunk.tensors["reply_follows"] = reply_follows
+        await session.send("hidden", chunk)
+        for i, token in enumerate([104, 105, 33]):
+            await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(token,), final=i == 2))
+        await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
+        out = await collect(session)
+        handle.remove()
+        await session.close()
+        return np.concatenate([m.codes for m in out if isinstance(m, CodecFrames) and len(m.codes)]), inputs
+
+    apart, apart_inputs = await frames_of("apart", reply_follows=False)
+    together, together_inputs = await frames_of("together", reply_follows=True)
+    assert np.array_equal(together, apart)
+    # Apart: the user turn, then the reply's 9-position block; together: both in the first forward.
+    assert len(apart_inputs) == len(together_inputs) + 1
+    assert together_inputs[0].shape[0] == apart_inputs[0].shape[0] + 9
+
+
 async def test_interrupt_stops_frames_and_audio_and_still_reports_turn_done(runtime):
     session = await runtime.open_session("s")
     await session.send("hidden", prompt_chunk(runtime))
