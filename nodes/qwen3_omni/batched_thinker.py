@@ -276,6 +276,15 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
             results[index] = exc
             waiting.pop(index, None)
 
+    def still_open(indices: list[int]) -> list[int]:
+        """`indices` whose session still holds its row (with the cache's lock held); the others fail."""
+        closed = [index for index in indices if not _owns_row(waiting[index])]
+        if closed:
+            from nodes.qwen3_omni.thinker_engine import ThinkerError
+
+            fail(closed, ThinkerError("session_closed", "the session is closed"))
+        return [index for index in indices if _owns_row(waiting[index])]
+
     for index, call in enumerate(calls):
         if call.request is None:
             advance(index)
@@ -296,12 +305,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
                 batch.append(index)
         if batch:
             with runner.cache.lock:  # closing sessions drop out here; the rest go through together
-                closed = [index for index in batch if not _owns_row(waiting[index])]
-                batch = [index for index in batch if _owns_row(waiting[index])]
-                if closed:
-                    from nodes.qwen3_omni.thinker_engine import ThinkerError
-
-                    fail(closed, ThinkerError("session_closed", "the session is closed"))
+                batch = still_open(batch)
                 if not batch:
                     continue
                 try:
@@ -319,12 +323,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
         chunk_run = True
         group = _prefill_group([(index, waiting[index]) for index in chunks])
         with runner.cache.lock:  # as for feeds: a closing session drops out, the rest go through
-            closed = [index for index in group if not _owns_row(waiting[index])]
-            group = [index for index in group if _owns_row(waiting[index])]
-            if closed:
-                from nodes.qwen3_omni.thinker_engine import ThinkerError
-
-                fail(closed, ThinkerError("session_closed", "the session is closed"))
+            group = still_open(group)
             if not group:
                 continue
             try:

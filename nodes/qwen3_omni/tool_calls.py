@@ -23,6 +23,7 @@ is a hard stop (the reply then ends without the call).
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -88,13 +89,13 @@ class _Grammars:
         return compiled
 
 
-_grammars: dict[int, _Grammars] = {}
+_grammars: weakref.WeakKeyDictionary[OmniModel, _Grammars] = weakref.WeakKeyDictionary()
 
 
 def _grammars_for(omni: OmniModel) -> _Grammars:
-    grammars = _grammars.get(id(omni))
+    grammars = _grammars.get(omni)
     if grammars is None:
-        grammars = _grammars[id(omni)] = _Grammars(omni)
+        grammars = _grammars[omni] = _Grammars(omni)
     return grammars
 
 
