@@ -69,6 +69,9 @@ async def unretrieved_task_errors():
     """Collect what the loop reports (an unretrieved task exception among it) during the block."""
     loop = asyncio.get_running_loop()
     reports: list[dict] = []
+    # Garbage of earlier tests (their dead tasks, e.g. an HTTP client's on a closed loop) reports
+    # now, to the previous handler: only what the block leaves behind is counted.
+    gc.collect()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, context: reports.append(context))
     try:
