@@ -228,17 +228,27 @@ class Control(Message, kw_only=True):
     """Base of the messages that overtake data."""
 
 
-class Interrupt(Control, kw_only=True):
-    """Stop the reply of `turn_id` now (barge-in, response.cancel)."""
+class ReplyControl(Control, kw_only=True):
+    """A control about one reply: the response `response_id` names, else every reply of `turn_id`
+    (every reply at all when `turn_id < 0`). The one rule every node matches replies by."""
 
     response_id: str = ""
+
+    def names(self, turn_id: int, response_id: str | None) -> bool:
+        if self.response_id:
+            return self.response_id == response_id
+        return self.turn_id < 0 or self.turn_id == turn_id
+
+
+class Interrupt(ReplyControl, kw_only=True):
+    """Stop the reply named (barge-in, response.cancel)."""
+
     reason: str = "interrupted"
 
 
-class Truncate(Control, kw_only=True):
-    """The listener heard only `audio_end_ms` of the reply of `turn_id`; forget the rest."""
+class Truncate(ReplyControl, kw_only=True):
+    """The listener heard only `audio_end_ms` of the reply named; forget the rest."""
 
-    response_id: str = ""
     item_id: str = ""
     audio_end_ms: float = 0.0
 

@@ -79,11 +79,11 @@ class Code2WavSession(NodeSession):
             await self._decode(message, emit)
         elif isinstance(message, TurnDone):
             key = (message.turn_id, message.response_id)
-            live = message.status not in ("cancelled", "failed") and not _matches(self._interrupts, *key)
+            live = message.status not in ("cancelled", "failed") and not any(interrupt.names(*key) for interrupt in self._interrupts)
             if self._stream is not None and self._stream_key == key and live:
                 await self._flush(message, emit)
             self._close_stream()
-            self._interrupts = [i for i in self._interrupts if not _matches([i], *key)]
+            self._interrupts = [i for i in self._interrupts if not i.names(*key)]
             await emit("audio", message)
 
     def on_control(self, control: Control) -> None:
@@ -92,8 +92,7 @@ class Code2WavSession(NodeSession):
         if control.turn_id >= 0 or control.response_id:
             self._interrupts.append(control)  # also stops frames of that turn that arrive later
         if self._stream_key is not None:
-            everything = control.turn_id < 0 and not control.response_id
-            if everything or _matches([control], *self._stream_key):
+            if control.names(*self._stream_key):
                 self._close_stream()
 
     async def close(self) -> None:
@@ -103,7 +102,7 @@ class Code2WavSession(NodeSession):
 
     async def _decode(self, message: CodecFrames, emit: Emit) -> None:
         key = (message.turn_id, message.response_id)
-        if _matches(self._interrupts, *key):
+        if any(interrupt.names(*key) for interrupt in self._interrupts):
             return
         if self._stream_key != key:
             self._close_stream()
@@ -153,10 +152,3 @@ class Code2WavSession(NodeSession):
         self._stream = None
         self._stream_key = None
 
-
-def _matches(interrupts: list[Interrupt], turn_id: int, response_id: str) -> bool:
-    """Whether one of `interrupts` names this turn or this response."""
-    return any(
-        (i.turn_id >= 0 and i.turn_id == turn_id) or (bool(i.response_id) and i.response_id == response_id)
-        for i in interrupts
-    )

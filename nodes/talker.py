@@ -160,8 +160,7 @@ class TalkerSession(NodeSession):
         if control.turn_id >= 0 or control.response_id:
             self._interrupts.append(control)  # also stops a reply of that turn whose tokens arrive later
         if self._reply is not None and self._reply_key is not None:
-            everything = control.turn_id < 0 and not control.response_id
-            if everything or _matches([control], *self._reply_key):
+            if control.names(*self._reply_key):
                 self._reply.cancel()
                 self._wake.set()
 
@@ -210,7 +209,7 @@ class TalkerSession(NodeSession):
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)
-        if _matches(self._interrupts, *key):
+        if any(interrupt.names(*key) for interrupt in self._interrupts):
             self.history.add_reply(list(chunk.token_ids))
             return  # the reply was interrupted before the talker saw it: nothing to say
         if self._reply is None or self._reply_key != key:
@@ -283,7 +282,7 @@ class TalkerSession(NodeSession):
         if self._rollback is not None:
             self.history.restore(self._rollback)
             self._rollback = None
-        self._interrupts = [i for i in self._interrupts if not _matches([i], *key)]
+        self._interrupts = [i for i in self._interrupts if not i.names(*key)]
         await emit("codes", done)
 
     # ------------------------------------------------------------------ frames
@@ -323,14 +322,6 @@ class TalkerSession(NodeSession):
 _TALKER_KEYS = frozenset(
     {"talker_temperature", "talker_top_k", "talker_top_p", "talker_repetition_penalty", "talker_max_new_tokens"}
 )
-
-
-def _matches(interrupts: list[Interrupt], turn_id: int, response_id: str) -> bool:
-    """Whether one of `interrupts` names this turn or this response."""
-    return any(
-        (i.turn_id >= 0 and i.turn_id == turn_id) or (bool(i.response_id) and i.response_id == response_id)
-        for i in interrupts
-    )
 
 
 def _field(part: Any, name: str) -> Any:

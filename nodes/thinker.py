@@ -161,25 +161,18 @@ class ThinkerNodeSession(NodeSession):
 
     def on_control(self, control: Control) -> None:
         if isinstance(control, Interrupt) and self.reply_key is not None:
-            if self._names(control, self.reply_key):
+            if control.names(*self.reply_key):
                 self.interrupted = True
                 self.engine.interrupt()
         elif isinstance(control, Truncate):
             key = self.reply_key or self.last_reply_key
-            if key is not None and self._names(control, key):
+            if key is not None and control.names(*key):
                 self.pending_truncate = max(0, math.ceil(control.audio_end_ms / self.node.frame_ms))
                 if self.reply_key is not None:
                     self.interrupted = True
                     self.engine.interrupt()
         if isinstance(control, Interrupt) and self.reply_key is None:
             self.transcriber.reply_cancelled()  # the reply a transcript waits for may never come
-
-    @staticmethod
-    def _names(control: Interrupt | Truncate, key: tuple[int, str]) -> bool:
-        turn_id, response_id = key
-        if control.response_id:
-            return control.response_id == response_id
-        return control.turn_id < 0 or control.turn_id == turn_id
 
     # ------------------------------------------------------------------ turns
 
