@@ -3,6 +3,7 @@
     sgl-omni serve [--config FILE] [--model-path DIR] [--enable-realtime] [--host H] [--port P]
                    [--api-key KEY] [--log-level L] [--shutdown-grace S] [--webrtc-candidates C]
                    [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
+                   [--realtime-compat sglang-omni-v0]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -32,6 +33,7 @@ _TOOL_COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from session_server.realtime.compat import PRESETS
     from session_server.webrtc.config import CANDIDATE_POLICIES
 
     parser = argparse.ArgumentParser(prog="sgl-omni", description="Realtime session server for speech-to-speech models")
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "so sessions resume on any replica (the profile's state.url); default: this process only")
     serve.add_argument("--voices-url", help="s3://BUCKET/PREFIX: the voice registry on S3-compatible storage, shared by "
                        "replicas (the profile's speech.voices_url; AWS_* environment); default: a local directory")
+    serve.add_argument("--realtime-compat", choices=PRESETS,
+                       help="what a realtime WebSocket client that does not say which dialect it speaks gets (the "
+                            "profile's realtime.compat): sglang-omni-v0 = sglang-omni v0.1.1's beta events, text "
+                            "replies and user transcripts by default; default: OpenAI Realtime GA")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
     serve.add_argument(
         "--webrtc-candidates", choices=CANDIDATE_POLICIES,
@@ -109,7 +115,7 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
         if args.shutdown_grace is not None:
             profile.setdefault("limits", {})["shutdown_grace_s"] = args.shutdown_grace
         _set_webrtc_candidates(profile, args)
-        _set_shared_state(profile, args)
+        _set_section_flags(profile, args)
         spec = validated_profile(profile)
     except ProfileError as exc:
         log.error("%s", exc)
@@ -148,9 +154,11 @@ def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:
         section["candidates"] = chosen
 
 
-def _set_shared_state(profile: dict, args: argparse.Namespace) -> None:
-    """`--state-url` and `--voices-url` win over the profile's `state.url` and `speech.voices_url`."""
-    for value, section, key in ((args.state_url, "state", "url"), (args.voices_url, "speech", "voices_url")):
+def _set_section_flags(profile: dict, args: argparse.Namespace) -> None:
+    """`--state-url`, `--voices-url` and `--realtime-compat` win over the profile's `state.url`,
+    `speech.voices_url` and `realtime.compat`."""
+    for value, section, key in ((args.state_url, "state", "url"), (args.voices_url, "speech", "voices_url"),
+                                (args.realtime_compat, "realtime", "compat")):
         if value is None:
             continue
         if profile.get(section) is None:

@@ -23,6 +23,12 @@ What changes on the way out:
   `turn_detection`, `input_audio_transcription`, `temperature`, `max_response_output_tokens`.
 Everything else (errors, `input_audio_buffer.*`, transcription events, `sglang.*`) is the same.
 A transcription session keeps GA's session shape (beta had a separate transcription endpoint).
+
+A third dialect, `sglang-omni-v0`, is what the compatibility preset of that name (compat.py) gives
+a client that does not say which dialect it speaks: beta from `session.created` on, and a spoken
+reply's message carries a `text` part (its transcript) next to its `audio` part, as sglang-omni
+v0.1.1 sent it. Such a session switches to GA when its first `session.update` has GA's shape (any
+of `type`, `audio`, `output_modalities`); any other first update keeps it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from session_server.realtime.events import SessionParam
 
 GA = "ga"
 BETA = "beta"
+SGLANG_OMNI_V0 = "sglang-omni-v0"  # beta, as sglang-omni v0.1.1 spoke it (compat.py)
 BETA_HEADER = ("openai-beta", "realtime=v1")
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 
@@ -64,31 +71,44 @@ def beta_requested(headers: list[tuple[bytes, bytes]], subprotocols: list[str]) 
     return BETA_SUBPROTOCOL in subprotocols
 
 
+def is_ga_shaped(session: SessionParam) -> bool:
+    return any(getattr(session, name) is not UNSET for name in _GA_ONLY)
+
+
 def is_beta_shaped(session: SessionParam) -> bool:
-    return any(getattr(session, name) is not UNSET for name in _BETA_ONLY) and all(
-        getattr(session, name) is UNSET for name in _GA_ONLY)
+    return any(getattr(session, name) is not UNSET for name in _BETA_ONLY) and not is_ga_shaped(session)
 
 
 class Dialect:
-    """Which dialect a session's client speaks; decided once (handshake or first `session.update`)."""
+    """Which dialect a session's client speaks; decided once (handshake or first `session.update`).
 
-    def __init__(self) -> None:
-        self.name = GA
+    `default` is what a session speaks until then: GA, or `sglang-omni-v0` under that preset."""
+
+    def __init__(self, default: str = GA) -> None:
+        self.name = default
         self.decided = False
 
     def choose(self, name: str) -> None:
         self.name, self.decided = name, True
 
     def observe_session_update(self, session: SessionParam) -> None:
-        if not self.decided:
+        if self.decided:
+            return
+        if self.name == SGLANG_OMNI_V0:
+            self.choose(GA if is_ga_shaped(session) else SGLANG_OMNI_V0)
+        else:
             self.choose(BETA if is_beta_shaped(session) else GA)
 
     def outgoing(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """The event as this session's client expects it; None: not sent in this dialect."""
-        return event if self.name == GA else to_beta(event)
+        if self.name == GA:
+            return event
+        return to_beta(event, text_with_audio=self.name == SGLANG_OMNI_V0)
 
 
-def to_beta(event: dict[str, Any]) -> dict[str, Any] | None:
+def to_beta(event: dict[str, Any], text_with_audio: bool = False) -> dict[str, Any] | None:
+    """`text_with_audio`: an assistant message's `audio` part is followed by a `text` part with
+    the same text (sglang-omni v0.1.1)."""
     kind = event["type"]
     if kind in _NOT_IN_BETA:
         return None
@@ -97,17 +117,23 @@ def to_beta(event: dict[str, Any]) -> dict[str, Any] | None:
     if "session" in out and out["session"].get("object") == "realtime.session":
         out["session"] = beta_session(out["session"])
     if "response" in out:
-        out["response"] = beta_response(out["response"])
+        out["response"] = beta_response(out["response"], text_with_audio)
     if "item" in out:
-        out["item"] = beta_item(out["item"])
+        out["item"] = beta_item(out["item"], text_with_audio)
     return out
 
 
-def beta_item(item: dict[str, Any]) -> dict[str, Any]:
+def beta_item(item: dict[str, Any], text_with_audio: bool = False) -> dict[str, Any]:
     content = item.get("content")
     if not content:
         return item
-    return {**item, "content": [{**part, "type": _CONTENT_TYPES.get(part.get("type"), part.get("type"))} for part in content]}
+    parts = []
+    for part in content:
+        kind = part.get("type")
+        parts.append({**part, "type": _CONTENT_TYPES.get(kind, kind)})
+        if text_with_audio and kind == "output_audio":
+            parts.append({"type": "text", "text": part.get("transcript") or ""})
+    return {**item, "content": parts}
 
 
 def beta_modalities(output_modalities: list[str]) -> list[str]:
@@ -144,11 +170,11 @@ def beta_session(session: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def beta_response(response: dict[str, Any]) -> dict[str, Any]:
+def beta_response(response: dict[str, Any], text_with_audio: bool = False) -> dict[str, Any]:
     out = {key: value for key, value in response.items() if key not in ("output_modalities", "audio")}
     out["modalities"] = beta_modalities(response["output_modalities"])
     audio_out = response["audio"]["output"]
     out["voice"] = audio_out["voice"]
     out["output_audio_format"] = beta_format(audio_out["format"])
-    out["output"] = [beta_item(item) for item in response["output"]]
+    out["output"] = [beta_item(item, text_with_audio) for item in response["output"]]
     return out

@@ -33,7 +33,9 @@ Who decides what:
 - `sglang_session.py` holds what an sglang-omni session client negotiated (the grant in
   `session.sglang.granted`, its 16 kHz default input rate); `dialect.py` names the GA events this
   protocol emits for beta clients (the transports apply `protocol.dialect.outgoing`). Every
-  acknowledgement of a client command carries its `event_id` as `client_event_id`.
+  acknowledgement of a client command carries its `event_id` as `client_event_id`;
+- `compat.py`: the server's compatibility preset, if any, sets a new session's defaults and
+  dialect; under `sglang-omni-v0` a turn's transcript events wait for its `response.done`.
 
 States. The session is OPEN until `session.closed` has been queued, then CLOSED: nothing is
 accepted or sent after that. A response goes QUEUED -> IN_PROGRESS -> DONE (or QUEUED -> DONE
@@ -74,6 +76,7 @@ from graph.messages import (
 )
 from session_server.realtime import events as ev
 from session_server.realtime.audio_formats import InvalidAudio, OutputEncoder, decode
+from session_server.realtime.compat import default_dialect, initial_config
 from session_server.realtime.conversation import (
     Item,
     decode_base64,
@@ -82,7 +85,7 @@ from session_server.realtime.conversation import (
     response_wire,
     transcription_usage_wire,
 )
-from session_server.realtime.dialect import Dialect
+from session_server.realtime.dialect import SGLANG_OMNI_V0, Dialect
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.input_bounds import check_image, check_text
 from session_server.realtime.session_config import (
@@ -227,7 +230,7 @@ class Response:
 
 class RealtimeProtocol:
     def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True,
-                 reply_input: str = AUDIO_INPUT, served: ServedModel | None = None):
+                 reply_input: str = AUDIO_INPUT, served: ServedModel | None = None, compat: str | None = None):
         self.session_id = session_id
         # The graph input for automatic replies (`replies` where the profile routes it straight
         # to the dialog node; `audio` otherwise).
@@ -235,7 +238,9 @@ class RealtimeProtocol:
         # False: reply audio leaves as `SendAudio` actions (a media track), not `output_audio.delta` events.
         self.audio_deltas = audio_deltas
         self.state = SessionState.OPEN
-        self.config = SessionConfig(model=model, served=served)
+        # `compat`: the server's compatibility preset (compat.py): the defaults and dialect of a
+        # client that does not say which dialect it speaks.
+        self.config = initial_config(compat, SessionConfig(model=model, served=served))
         self.max_append_chars = max_append_chars
         self.items: dict[str, Item] = {}  # the conversation, in order
         self.responses: dict[str, Response] = {}  # QUEUED and IN_PROGRESS, in order
@@ -253,8 +258,12 @@ class RealtimeProtocol:
         self._drained_sent = False
         # The client's dialect (GA or beta: names on the way out, dialect.py) and what it
         # negotiated as an sglang-omni session client (grant, input rate: sglang_session.py).
-        self.dialect = Dialect()
+        self.dialect = Dialect(default_dialect(compat))
         self.negotiation = Negotiation()
+        # sglang-omni-v0 clients get a user transcript after its turn's reply is done: the reply
+        # answering each transcribed item, and transcript events held until it is done.
+        self._reply_of_item: dict[str, str] = {}
+        self._held_transcripts: list[tuple[str, dict[str, Any]]] = []
         self._end_event_id: str | None = None  # event_id of sglang.input_audio.end (acks carry it)
         self._consumed_ms = 0.0  # input the dialog had taken in when input ended
 
@@ -640,7 +649,9 @@ class RealtimeProtocol:
             else:
                 # The reply need not queue behind the audio appended since the commit (on a
                 # loaded server, hundreds of ms in the VAD's inbox): it goes to the reply input.
-                self._create_response(settings, graph_input=self.reply_input)
+                response = self._create_response(settings, graph_input=self.reply_input)
+            if self._transcripts_follow_replies:
+                self._reply_of_item[item_id] = response.id
 
     def _reply_output(self, response: Response, message: Message) -> None:
         if response.state is not ResponseState.IN_PROGRESS:
@@ -690,7 +701,31 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ user transcripts
 
+    @property
+    def _transcripts_follow_replies(self) -> bool:
+        """sglang-omni-v0 clients read a turn's transcript after its reply (compat.py). The pass
+        runs once the thinker has made the reply's text, so a spoken reply's audio may still be
+        streaming when its transcript is ready."""
+        return self.dialect.name == SGLANG_OMNI_V0 and self.config.transcription is not None
+
     def _transcription_event(self, kind: str, fields: dict[str, Any]) -> None:
+        """A transcript event: sent now, or held while the reply answering its item is open
+        (`_transcripts_follow_replies`)."""
+        reply = self._reply_of_item.get(fields["item_id"])
+        if reply is not None and reply in self.responses:
+            self._held_transcripts.append((kind, fields))  # sent by `_flush` once the reply is done
+            return
+        if kind != "transcription_delta":
+            self._reply_of_item.pop(fields["item_id"], None)
+        self._send_transcription_event(kind, fields)
+
+    def _release_transcripts(self) -> None:
+        """Send the held transcript events whose reply is done (its `response.done` is already out)."""
+        held, self._held_transcripts = self._held_transcripts, []
+        for kind, fields in held:
+            self._transcription_event(kind, fields)
+
+    def _send_transcription_event(self, kind: str, fields: dict[str, Any]) -> None:
         """The transcript of a committed user audio item, as the thinker's out-of-band pass reports
         it (nodes/qwen3_omni/transcription.py): deltas, then completed (kept on the item) or failed."""
         ref = {"item_id": fields["item_id"], "content_index": 0}  # the item's input_audio part
@@ -713,12 +748,13 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ responses
 
-    def _create_response(self, settings: ResponseSettings, graph_input: str = AUDIO_INPUT) -> None:
+    def _create_response(self, settings: ResponseSettings, graph_input: str = AUDIO_INPUT) -> Response:
         response = Response(new_id("resp"), settings)
         self._turns_processed = True
         reply = _reply_params(response.id, settings)
         self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}), graph_input)
         self._queue(response)
+        return response
 
     def _queue(self, response: Response) -> None:
         self.responses[response.id] = response
@@ -876,6 +912,8 @@ class RealtimeProtocol:
         self._out.append(CloseSession(code, reason))
 
     def _flush(self) -> list[Action]:
+        if self._held_transcripts and self.state is SessionState.OPEN:
+            self._release_transcripts()
         out, self._out = self._out, []
         return out
 

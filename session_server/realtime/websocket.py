@@ -35,6 +35,9 @@ Bounds (profile section `realtime:`; each says what the client sees):
 - `max_pending_inputs` (64): client messages queued toward the graph; past it the reader stops
   reading the socket (TCP backpressure) until the graph catches up.
 - `close_timeout_s` (2): how long the final `session.closed` may take to reach the client.
+
+`compat` (none; `sgl-omni serve --realtime-compat`): a compatibility preset, what a client that
+does not say which dialect it speaks gets (`sglang-omni-v0`: compat.py).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -56,6 +59,7 @@ from graph.errors import SessionRejected
 from graph.messages import Message
 from graph.schema import convert_section
 from session_server.auth import request_key, subprotocols
+from session_server.realtime.compat import PRESETS
 from session_server.realtime.dialect import BETA, beta_requested
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import (
@@ -83,6 +87,8 @@ class RealtimeSettings:
     max_append_chars: int = MAX_APPEND_CHARS
     max_pending_inputs: int = 64
     close_timeout_s: float = 2.0
+    # What a client that does not say which dialect it speaks gets (compat.py); None: GA.
+    compat: Literal[PRESETS] | None = None
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> RealtimeSettings:
@@ -304,7 +310,8 @@ def session_headers(session_id: str) -> list[tuple[bytes, bytes]]:
 
 def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSettings, offered: list[str], session_id: str) -> _Link:
     protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
-                                reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
+                                reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
+                                compat=settings.compat)
     if beta_requested(websocket.scope.get("headers", []), offered):
         protocol.dialect.choose(BETA)
     return _Link(websocket, protocol, settings, state.metrics)
