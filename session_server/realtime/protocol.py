@@ -296,6 +296,39 @@ class RealtimeProtocol:
         self._send("session.created", session=self._session_wire())
         return self._flush()
 
+    # ------------------------------------------------------------------ resume (snapshot.py)
+
+    def load(self, config: SessionConfig, negotiation: Negotiation, items: list[Item], dialect: str | None) -> None:
+        """Take a snapshot's session (a new protocol, not yet opened): its settings, what its
+        client negotiated, its dialect (None: as the handshake chose) and its conversation."""
+        self.config = replace(config, served=self.config.served)
+        self.negotiation = negotiation
+        if dialect is not None:
+            self.dialect.choose(dialect)
+        self.items = {item.id: item for item in items}
+        self._turns_processed = bool(self.items)
+
+    def detach(self) -> list[Action]:
+        """The client's socket dropped and the session waits for a resume: a reply that was
+        streaming ends `cancelled`, its item truncated to the audio already sent (the model forgets
+        the rest, as after `conversation.item.truncate`); a queued one ends `cancelled`."""
+        for response in reversed(list(self.responses.values())):
+            item = response.item
+            if response.state is ResponseState.IN_PROGRESS:
+                self._cancel(response, "client_disconnected")
+                if item is not None and item.id in self.items and response.audio:
+                    self._on_ConversationItemTruncate(ev.ConversationItemTruncate(item_id=item.id, audio_end_ms=int(item.audio_ms)))
+            else:
+                self._finish(response, "cancelled")
+        return self._flush()
+
+    def resumed(self, kv: str) -> list[Action]:
+        """A resumed session's greeting: `session.created` (the same id), then
+        `sglang.session.resumed` {session_id, items, kv}."""
+        actions = self.open()
+        self._send("sglang.session.resumed", session_id=self.session_id, items=[item.to_wire() for item in self.items.values()], kv=kv)
+        return actions + self._flush()
+
     def reject(self, code: str, message: str, close_code: int = CLOSE_TRY_AGAIN) -> list[Action]:
         """The session cannot start (`session_limit_reached`, `model_not_found`...): error, then close."""
         self._error(RealtimeError(code, message, type="server_error" if code == "server_shutting_down" else "invalid_request_error"))
@@ -467,7 +500,7 @@ class RealtimeProtocol:
         for image in graph_args.get("images", ()):
             check_image(image, self._bounds.max_image_pixels, "item.content")
         if position is not None:  # the model's history is rebuilt from there
-            graph_args["insert_after"] = [_history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
+            graph_args["insert_after"] = [history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
         self._to_graph(Command(target="dialog", name="add_item", args=graph_args))
         self._turns_processed = True
         self._add_item(added, at=position)
@@ -918,6 +951,6 @@ class RealtimeProtocol:
         return out
 
 
-def _history_key(item: Item) -> str:
+def history_key(item: Item) -> str:
     """How the model's history names an item: a reply's items by their response id."""
     return item.response_id or item.id

@@ -3,7 +3,7 @@
 Every realtime session gets a resume token (256 random bits, `session.sglang.resume_token` in
 `session.created`; only its SHA-256 is stored). A socket lost without a normal close (no close
 frame, or a code other than 1000/1001) *detaches* the session instead of ending it: a reply that
-was streaming ends `cancelled`, truncated to the audio sent (snapshot.detach), and the session is
+was streaming ends `cancelled`, truncated to the audio sent (RealtimeProtocol.detach), and the session is
 *parked* here with its graph session, KV included, for `limits.resume_ttl_s` (120 s).
 
 `GET /v1/realtime?session_id=ID&resume_token=T` (same auth as any session) then:
@@ -161,7 +161,7 @@ class SessionResumer:
 
     def park(self, link: _Link, tasks: list[asyncio.Task[None]]) -> None:
         session_id = link.protocol.session_id
-        link.apply(snapshot.detach(link.protocol))
+        link.apply(link.protocol.detach())
         self._stop_heartbeat(session_id)
         parked = _Parked(link, tasks, time.monotonic())
         self.parked[session_id] = parked
@@ -290,7 +290,7 @@ async def serve_resume(websocket: WebSocket, state: ServerState, settings: Realt
         log.info("session %s rebuilt from its snapshot (%d items)", session_id, len(link.protocol.items))
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     try:
-        link.apply(snapshot.resumed(link.protocol, kv))
+        link.apply(link.protocol.resumed(kv))
         tasks = start_tasks(link, parked.tasks if parked is not None else None)
         await _until_closed(link, tasks)
     finally:

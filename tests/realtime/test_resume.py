@@ -164,6 +164,23 @@ def test_a_snapshot_is_json():
     assert [(r.message.name, r.message.args["text"]) for r in replay] == [("add_item", "hi")]
 
 
+def test_a_rebuilt_session_speaks_the_dialect_its_client_chose():
+    from session_server.realtime.dialect import BETA, GA
+    from session_server.realtime.protocol import RealtimeProtocol
+    from session_server.realtime.snapshot import restore, snapshot_of
+
+    beta = RealtimeProtocol("sess_1", "m")
+    beta.receive_text(json.dumps({"type": "session.update", "session": {"modalities": ["text"]}}))
+    undecided = RealtimeProtocol("sess_2", "m")
+    rebuilt = {}
+    for protocol in (beta, undecided):
+        again = RealtimeProtocol(protocol.session_id, "m", compat="sglang-omni-v0")
+        restore(again, json.loads(json.dumps(snapshot_of(protocol, "digest"))))
+        rebuilt[protocol.session_id] = again.dialect.name
+    assert beta.dialect.name == BETA != GA
+    assert rebuilt == {"sess_1": BETA, "sess_2": "sglang-omni-v0"}  # an undecided client gets what this server gives
+
+
 def test_a_resume_token_in_a_websocket_log_line_is_redacted():
     import logging
 
