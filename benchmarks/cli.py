@@ -24,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from benchmarks import report
 from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 
@@ -200,10 +202,12 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             plan += [(count, "spread", spread_settings) for count in spread_sessions]
 
             def run_level(count: int, arrivals: str, settings: Any) -> dict[str, Any]:
+                batches_before = batch_counts(server.base_url, args.api_key)
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
                 level = realtime.summarize_level(count, results, wall, settings, arrivals)
                 level["server"] = monitor.summary(count)
+                level["batch_sizes"] = mean_batch_sizes(batches_before, batch_counts(server.base_url, args.api_key))
                 # The load generator's own CPU: on a small machine it competes with the server.
                 level["client_cpu_percent"] = client.cpu_percent()
                 print(f"realtime N={report.level_label(level)}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
@@ -264,6 +268,34 @@ def _run_webrtc(server, args, counts, utterances, settings, deadline) -> dict[st
         levels.append(level)
         print(f"webrtc N={count}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors", file=sys.stderr)
     return {"levels": levels}
+
+
+def batch_counts(base_url: str, api_key: str | None) -> dict[str, tuple[float, float]]:
+    """The server's (batched calls, items) per shared executor, from /metrics; {} if unreadable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    counts: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ("sgl_omni_batches", "sgl_omni_batch_items"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    slot = 0 if family.name == "sgl_omni_batches" else 1
+                    counts.setdefault(sample.labels["executor"], [0.0, 0.0])[slot] = sample.value
+    return {name: (runs, items) for name, (runs, items) in counts.items()}
+
+
+def mean_batch_sizes(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Items per batched call of each executor over a level (executors that ran during it)."""
+    sizes = {}
+    for name, (runs, items) in after.items():
+        runs_before, items_before = before.get(name, (0.0, 0.0))
+        if runs > runs_before:
+            sizes[name] = round((items - items_before) / (runs - runs_before), 2)
+    return sizes
 
 
 def _skipped_level(sessions: int, why: str) -> dict[str, Any]:

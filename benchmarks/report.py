@@ -157,6 +157,11 @@ def render(doc: dict[str, Any]) -> str:
             out.append(_table(header, rows))
             out.append("N spread: session start offsets cover a whole turn cycle (otherwise within 1 s, so turns end together)")
             out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
+            sized = [level for level in realtime["levels"] if level.get("batch_sizes")]
+            if sized:
+                out.append("mean batch (session steps per model call): " + "; ".join(
+                    f"N={level_label(level)} " + ", ".join(f"{name} {size:g}" for name, size in sorted(level["batch_sizes"].items()))
+                    for level in sized))
             idle = realtime.get("idle_memory")
             if idle:
                 out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "

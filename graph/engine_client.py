@@ -146,6 +146,7 @@ class EngineHandle:
         self.sessions: dict[str, RemoteSession] = {}
         self.facts: dict[str, Any] = {}
         self.queue_depths: dict[str, int] = {}
+        self.batch_counts: dict[str, tuple[int, int]] = {}  # since this engine started
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._drained: asyncio.Future[None] | None = None
 
@@ -224,6 +225,7 @@ class EngineHandle:
                             future.set_result((op, payload))
                     elif op == "stats":
                         self.queue_depths = payload["queue_depths"]
+                        self.batch_counts = payload.get("batch_counts", {})
                         for node, seconds in payload["node_steps"].items():
                             for value in seconds:
                                 metrics.node_step(node, value)
@@ -349,6 +351,14 @@ class EngineRuntime:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
             self.metrics.session_ended(session.kind, (session.end_reason or "closed").split(":", 1)[0])
+
+    def batch_counts(self) -> dict[str, tuple[int, int]]:
+        totals: dict[str, tuple[int, int]] = {}
+        for engine in self.engines:
+            for name, (batches, items) in engine.batch_counts.items():
+                before = totals.get(name, (0, 0))
+                totals[name] = (before[0] + batches, before[1] + items)
+        return totals
 
     def queue_depths(self) -> dict[str, int]:
         totals = dict.fromkeys(self.spec.nodes, 0)

@@ -8,7 +8,7 @@ from it, answers `ready` (or `failed`), and from then on hosts the sessions the 
     ("open", id, (kind, config, inputs, n))  ("opened", id, None) | ("rejected", id, (code, message))
     ("send", id, (input, message))           ("out", id, message)          graph output, in order
     ("control", id, control)                 ("ended", id, (reason, error))
-    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times
+    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times, batch counts
     ("drain", "", grace_s)                   ("drained", "", None)
     ("credit", "", {id: n})                  ("credit", "", {(id, input): n})  messages taken (graph/wire.py)
 
@@ -189,7 +189,8 @@ class EngineServer:
     async def _report_stats(self) -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL_S)
-            self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take()})
+            self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take(),
+                                         "batch_counts": self.runtime.batch_counts()})
 
 
 def apply_device(profile: dict[str, Any], device: str | None) -> None:

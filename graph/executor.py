@@ -143,6 +143,15 @@ class ComputePool:
             self._batchers.append(batcher)
         return batcher
 
+    def batch_counts(self) -> dict[str, tuple[int, int]]:
+        """Batches run and items they held since start, per batcher name (summed over batchers of
+        one name): their ratio is the stage's mean batch size."""
+        counts: dict[str, tuple[int, int]] = {}
+        for batcher in list(self._batchers):
+            batches, items = counts.get(batcher.name, (0, 0))
+            counts[batcher.name] = (batches + batcher.batches_run, items + batcher.items_run)
+        return counts
+
     def shutdown(self) -> None:
         """Stop taking work. Work already running finishes and delivers its result; queued calls
         and batcher items fail with RuntimeError; later `run`/`submit` calls raise it."""

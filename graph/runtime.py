@@ -115,6 +115,10 @@ class GraphRuntime:
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)
 
+    def batch_counts(self) -> dict[str, tuple[int, int]]:
+        """(batches run, items batched) per shared executor since start (for metrics)."""
+        return self.compute.batch_counts()
+
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each node's inboxes, all sessions together (for metrics)."""
         totals = dict.fromkeys(self.spec.nodes, 0)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from graph.metrics import GraphMetrics
@@ -60,7 +60,7 @@ class _RuntimeCollector(Collector):
         self._runtime = runtime_getter
         self._free_slots = free_slots
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         runtime = self._runtime()
         active = GaugeMetricFamily("sgl_omni_active_sessions", "Sessions open now", labels=["kind"])
         depth = GaugeMetricFamily("sgl_omni_node_queue_depth", "Messages waiting in each node's inboxes, all sessions", labels=["node"])
@@ -69,8 +69,18 @@ class _RuntimeCollector(Collector):
                 active.add_metric([kind], runtime.count(kind))
             for node, n in runtime.queue_depths().items():
                 depth.add_metric([node], n)
+        # Counters kept by the engines; an engine restarted after a crash starts again from zero.
+        batches = CounterMetricFamily("sgl_omni_batches", "Batched model calls run, per shared executor", labels=["executor"])
+        items = CounterMetricFamily("sgl_omni_batch_items", "Items (session steps) those calls held, per shared executor",
+                                    labels=["executor"])
+        if runtime is not None:
+            for name, (runs, held) in sorted(runtime.batch_counts().items()):
+                batches.add_metric([name], runs)
+                items.add_metric([name], held)
         yield active
         yield depth
+        yield batches
+        yield items
         if self._free_slots is not None:
             # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
             yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",

@@ -157,3 +157,11 @@ def test_a_level_with_spread_arrivals_is_named_apart_from_the_same_count_arrivin
     assert flat["realtime[N=2].ttfa_from_speech_stopped_ms.p50"] == pytest.approx(300.0)
     assert flat["realtime[N=2 spread].ttfa_from_speech_stopped_ms.p50"] == pytest.approx(100.0)
     assert report.plot(doc, tmp_path / "plot.png")
+
+
+def test_a_levels_mean_batch_sizes_count_only_the_calls_made_during_it():
+    from benchmarks.cli import mean_batch_sizes
+
+    before = {"talker": (10.0, 30.0), "code2wav": (4.0, 4.0)}
+    after = {"talker": (20.0, 70.0), "code2wav": (4.0, 4.0), "silero_vad": (5.0, 15.0)}
+    assert mean_batch_sizes(before, after) == {"talker": 4.0, "silero_vad": 3.0}

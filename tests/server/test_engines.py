@@ -15,8 +15,8 @@ import psutil
 import websockets
 import yaml
 
-from tests.conftest import free_port, running_server, serve_process
-from tests.realtime.client import RawClient, sdk_client, until
+from tests.conftest import free_port, http_client, running_server, serve_process
+from tests.realtime.client import RawClient, append_pcm, sdk_client, until, utterance
 from tests.realtime.fakes import realtime_profile
 
 
@@ -61,6 +61,27 @@ async def test_sessions_are_spread_across_engines():
             assert sorted(len(engine.sessions) for engine in runtime.engines) == [1, 1]
             done_a, done_b = await asyncio.gather(text_turn(a), text_turn(b))
         assert done_a[-1].response.status == done_b[-1].response.status == "completed"
+
+
+async def test_metrics_count_the_engines_batched_calls_and_the_steps_they_held():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with running_server(engine_profile(engines=2), engines=True) as server:
+        async with sdk_client(server).realtime.connect(model="test-realtime") as conn:
+            await until(conn, "session.created")
+            await append_pcm(conn, utterance(tail_s=0.2))
+            counts: dict[str, float] = {}
+            async with http_client(server) as http:
+                for _ in range(40):  # engines report every 0.5 s
+                    text = (await http.get("/metrics")).text
+                    counts = {f"{sample.name}:{sample.labels['executor']}": sample.value
+                              for family in text_string_to_metric_families(text) for sample in family.samples
+                              if sample.name in ("sgl_omni_batches_total", "sgl_omni_batch_items_total")}
+                    if counts.get("sgl_omni_batches_total:silero_vad"):
+                        break
+                    await asyncio.sleep(0.1)
+    assert counts["sgl_omni_batches_total:silero_vad"] > 0
+    assert counts["sgl_omni_batch_items_total:silero_vad"] >= counts["sgl_omni_batches_total:silero_vad"]
 
 
 async def test_a_killed_engine_ends_its_sessions_with_engine_failed_and_is_replaced():
