@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# it cannot); then the rest, which finds torch already satisfied. Progress is shown.
 	bash scripts/install-torch.sh $(BIN)/pip
 	$(BIN)/pip install --progress-bar on -c constraints.txt -e '.[test,smart-turn]'
+	# librosa's numba kernels compile (~15 s) and cache at their first import: here, not at a server's first voice upload
+	$(BIN)/python -c "import librosa.feature, librosa.core.audio, librosa.core.pitch, librosa.util.utils"
 	touch $(STAMP)
 
 setup: $(STAMP)

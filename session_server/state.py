@@ -29,6 +29,9 @@ class ServerState:
         self.served: Any = None  # what realtime sessions are served, read once ready (realtime/served.py)
         # Parks and resumes realtime sessions (realtime/resume.py); set when realtime is installed.
         self.resumer: Any = None
+        # name -> the built-in speaker an uploaded voice speaks with, None when no voice has that
+        # name (speech/params.py `uploaded_speaker`); set when speech is installed.
+        self.uploaded_speaker: Callable[[str], str | None] | None = None
         # Extra credentials a feature may mint (ephemeral client secrets), each good only on
         # the paths it was registered for: (paths, check(key) -> bool).
         self._key_validators: list[tuple[frozenset[str], Callable[[str], bool]]] = []

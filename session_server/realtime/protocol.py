@@ -175,7 +175,7 @@ def _reply_params(response_id: str, settings: ResponseSettings) -> ReplyParams:
         output_modalities=settings.output_modalities,
         instructions=settings.instructions,
         max_output_tokens=settings.max_output_tokens,
-        voice=settings.voice,
+        voice=settings.voice_speaker or settings.voice,
         out_of_band=settings.out_of_band,
         sampling=settings.sampling,
         tools=tuple(tool.to_wire() for tool in settings.tools),

@@ -2,15 +2,23 @@
 
 Read from the profile (the thinker's `max_reply_tokens`, the talker's `voices` aliases) and from the
 loaded resources (the checkpoint's speakers), so that `session.created` shows the cap a reply really
-has and `audio.output.voice` names the speaker that really speaks.
+has and `audio.output.voice` names the speaker that really speaks; and, from the speech package,
+the lookup of uploaded voices (the registry another replica may have written), each of which speaks
+with the built-in speaker it was matched to at upload.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
+from session_server.realtime.events import RealtimeError
 from session_server.realtime.session_config import ServedModel
+from session_server.speech.params import SpeechError
 from session_server.state import ServerState
+
+log = logging.getLogger(__name__)
 
 # The thinker's own default when neither the node nor its resource names a cap (nodes/qwen3_omni/model.py).
 _DEFAULT_REPLY_TOKENS = 2048
@@ -51,4 +59,21 @@ def _read(state: ServerState) -> ServedModel:
         voice_aliases=aliases,
         max_text_tokens=spec.limits.max_text_tokens,
         max_image_pixels=spec.limits.max_image_pixels,
+        uploaded_speaker=_uploaded_speaker(state.uploaded_speaker) if state.uploaded_speaker else None,
     )
+
+
+def _uploaded_speaker(lookup: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """The speech package's lookup with realtime errors: a voice that cannot speak here is the
+    client's error; a registry that cannot be read leaves the name unknown (the default speaker)."""
+
+    def speaker(name: str) -> str | None:
+        try:
+            return lookup(name)
+        except SpeechError as error:
+            raise RealtimeError(error.code or "invalid_value", error.message) from None
+        except Exception as exc:  # noqa: BLE001 - storage trouble must not end the session
+            log.warning("cannot look voice %r up in the voice registry: %s", name, exc)
+            return None
+
+    return speaker

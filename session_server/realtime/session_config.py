@@ -20,7 +20,11 @@ leaves the session exactly as it was. What the server does with each field:
   and for `server_vad` `semantic_end_of_turn` (the classifier checks at the silence window) with
   `max_silence_ms` (3000).
 - `audio.output.voice`: only until the session has produced audio (error `voice_locked`); the
-  echo names the speaker that really speaks (`ServedModel.voice`).
+  echo names the speaker that really speaks (`ServedModel.voice`: an unknown name such as `alloy`
+  is echoed as the default speaker). An uploaded voice (`POST /v1/audio/voices`, read from the
+  registry, which replicas may share) is echoed by its own name and spoken by the built-in
+  speaker it was matched to at upload (`SessionConfig.voice_speaker`, resolved once when it is
+  set); one stored without a match gets `voice_not_matched`.
 - `audio.output.format`: as the input formats (output is resampled from 24 kHz when needed).
 - `sglang`: sampling (temperature, top_p, top_k, talker_*...), applied from the next reply.
 - `audio.input.transcription` {model, language, prompt}: transcripts of committed user audio,
@@ -36,6 +40,7 @@ import functools
 import importlib.metadata
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,6 +80,9 @@ class ServedModel:
     speakers: tuple[str, ...] = ()  # the checkpoint's voices (empty: any voice is taken as given)
     default_speaker: str | None = None
     voice_aliases: dict[str, str] = field(default_factory=dict)  # e.g. {"alloy": "ethan"} (talker `voices`)
+    # name -> the built-in speaker an uploaded voice speaks with, None when it is no uploaded voice;
+    # raises RealtimeError for one that cannot speak here (session_server/realtime/served.py).
+    uploaded_speaker: Callable[[str], str | None] | None = field(default=None, compare=False)
     max_text_tokens: int = DEFAULT_MAX_TEXT_TOKENS  # the profile's `limits` (realtime/input_bounds.py)
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
@@ -87,6 +95,13 @@ class ServedModel:
             if name in self.speakers:
                 return name
         return self.default_speaker or self.speakers[0]
+
+    def uploaded(self, requested: str) -> str | None:
+        """The built-in speaker of the uploaded voice `requested`; None for any other name."""
+        lowered = requested.lower()
+        if self.uploaded_speaker is None or lowered in self.speakers or lowered in self.voice_aliases:
+            return None
+        return self.uploaded_speaker(requested)
 
     def reply_tokens(self, requested: int | None) -> int | None:
         """The reply token bound in force: the client's, never above the profile's cap."""
@@ -220,6 +235,9 @@ class SessionConfig:
     output_format: AudioFormat = AudioFormat()
     turn_detection: TurnDetection | None = TurnDetection()
     voice: str | None = None
+    # The built-in speaker of `voice` when it names an uploaded voice (None otherwise); kept in
+    # snapshots, so a session rebuilt on another replica speaks as it did.
+    voice_speaker: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     tools: tuple[Tool, ...] = ()
     tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"type": "function", "name"}
@@ -255,21 +273,29 @@ class SessionConfig:
                     "noise_reduction": None,
                     "turn_detection": None if self.turn_detection is None else self.turn_detection.to_wire(),
                 },
-                "output": {"format": self.output_format.to_wire(), "voice": self.spoken_voice, "speed": 1.0},
+                "output": {"format": self.output_format.to_wire(), "voice": self.echoed_voice, "speed": 1.0},
             },
             "sglang": {**self.sampling, **self._served_wire()},
         }
 
     @property
     def spoken_voice(self) -> str | None:
+        """The built-in speaker that speaks."""
+        if self.voice_speaker is not None:
+            return self.voice_speaker
         return self.served.voice(self.voice) if self.served else self.voice
+
+    @property
+    def echoed_voice(self) -> str | None:
+        """What `session.updated` names: an uploaded voice by its name, else the speaker that speaks."""
+        return self.voice if self.voice_speaker is not None else self.spoken_voice
 
     def to_graph(self) -> dict[str, Any]:
         """What nodes read from `SessionInfo.config` and `configure` commands."""
         return {
             "turn_detection": None if self.turn_detection is None else self.turn_detection.to_graph(),
             "instructions": self.instructions,
-            "voice": self.voice,
+            "voice": self.voice_speaker or self.voice,
             "sampling": dict(self.sampling),
             "tools": [tool.to_wire() for tool in self.tools],
             "tool_choice": self.tool_choice,
@@ -434,6 +460,16 @@ def _voice(value: Any) -> str:
     return value if isinstance(value, str) else value.id
 
 
+def _uploaded_speaker(served: ServedModel | None, voice: str, param: str) -> str | None:
+    """The built-in speaker of `voice` when it names an uploaded voice (see `ServedModel.uploaded`)."""
+    if served is None:
+        return None
+    try:
+        return served.uploaded(voice)
+    except RealtimeError as error:
+        raise RealtimeError(error.code, error.message, param) from None
+
+
 # What the samplers compute with these values: logits / temperature, and logits * or / the
 # repetition penalty. Bounded to [0.01, 100] (temperature 0 is greedy: no division), a logit is
 # scaled at most 100x and stays finite in fp32/bf16, so softmax never meets inf or nan. Applied
@@ -534,9 +570,11 @@ def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed:
     if voice is UNSET and patch.voice is not UNSET:
         voice = patch.voice
     if voice is not UNSET and _voice(voice) != config.voice:
-        if audio_produced and replace(config, voice=_voice(voice)).spoken_voice != config.spoken_voice:
+        speaker = _uploaded_speaker(config.served, _voice(voice), "session.audio.output.voice")
+        if audio_produced and replace(config, voice=_voice(voice), voice_speaker=speaker).spoken_voice != config.spoken_voice:
             raise RealtimeError("voice_locked", "voice cannot change once the session has produced audio.", "session.audio.output.voice")
         changes["voice"] = _voice(voice)
+        changes["voice_speaker"] = speaker
     sampling = config.sampling
     if patch.sglang is not UNSET:
         sampling = _sampling(patch.sglang, sampling)
@@ -564,6 +602,8 @@ class ResponseSettings:
     max_output_tokens: int | None
     voice: str | None
     output_format: AudioFormat
+    # The built-in speaker of `voice` when it names an uploaded voice (what the graph is told).
+    voice_speaker: str | None = None
     out_of_band: bool = False
     metadata: dict[str, str] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -583,6 +623,7 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         instructions=None,
         max_output_tokens=config.max_output_tokens,
         voice=config.voice,
+        voice_speaker=config.voice_speaker,
         output_format=config.output_format,
         sampling=dict(config.sampling),
         tools=config.tools,
@@ -616,6 +657,7 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         voice = params.voice
     if voice is not UNSET:
         changes["voice"] = _voice(voice)
+        changes["voice_speaker"] = _uploaded_speaker(config.served, _voice(voice), "response.audio.output.voice")
     sampling = settings.sampling
     if params.sglang is not UNSET:
         sampling = _sampling(params.sglang, sampling)

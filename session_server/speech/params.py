@@ -3,7 +3,10 @@
 Every rejection is a `SpeechError` carrying the HTTP status, the message a client sees, the
 offending `param` and a `code` to branch on; routes render it in the OpenAI error shape.
 Fields of the vLLM-Omni contract that describe other models (`language`, `task_type`...) are
-accepted and ignored, except the voice-cloning inputs, which the loaded model cannot honour.
+accepted and ignored, except the voice-cloning inputs (`ref_audio`, `ref_text`,
+`speaker_embedding`, `task_type: Base`), which the loaded model cannot honour: Qwen3-Omni cannot
+clone. `voice` names a built-in speaker or an uploaded voice; an uploaded voice speaks with the
+built-in speaker it was matched to at upload (`uploaded_speaker`, voice_match.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
 # (`speech.max_input_chars`, `speech.max_new_tokens`) and the model's voices are checked at run time.
 SPEECH_FIELDS: dict[str, Any] = {
     "model": _or_null({"type": "string"}),
-    "voice": _or_null({"type": "string", "description": "one of the model's voices (GET /v1/audio/voices)"}),
+    "voice": _or_null({"type": "string", "description": "one of the model's voices or an uploaded voice (GET /v1/audio/voices)"}),
     "response_format": _or_null({"type": "string", "enum": list(RESPONSE_FORMATS)}),
     "speed": _or_null({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
     "sample_rate": _or_null({"type": "integer", "enum": list(SAMPLE_RATES)}),
@@ -95,9 +98,27 @@ def resolve_voice(voice: Any, service: SpeechService) -> str:
     canonical = voices.canonical(voice)
     if canonical is not None:
         return canonical
-    if voice in service.registry():
-        raise bad(f"Voice '{voice}' is an uploaded voice: {VOICE_CLONING_UNSUPPORTED}.", "voice", "voice_cloning_unsupported")
+    speaker = uploaded_speaker(voice, service)
+    if speaker is not None:
+        return speaker
     raise bad(f"Invalid voice '{voice}'. Supported voices: {', '.join(sorted(voices.names))}.", "voice", "invalid_voice")
+
+
+def uploaded_speaker(name: str, service: SpeechService, param: str = "voice") -> str | None:
+    """The built-in speaker the uploaded voice `name` speaks with (voice_match.py); None when no
+    voice of that name is uploaded. Reads the registry, which may be shared (blocking: one listing)."""
+    voice = service.registry().get(name)
+    if voice is None:
+        return None
+    speaker = service.model_voices().canonical(voice.speaker) if voice.speaker else None
+    if speaker is None:
+        raise bad(
+            f"Voice '{name}' has no matched speaker of the loaded model (it was uploaded by an older server, or for "
+            "another model); upload it again to match it.",
+            param,
+            "voice_not_matched",
+        )
+    return speaker
 
 
 def parse_speech(

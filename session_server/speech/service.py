@@ -1,4 +1,5 @@
-"""What the speech routes share: their settings, the voice registry, and running one request.
+"""What the speech routes share: their settings, the voice registry, the speaker matcher (an
+uploaded voice speaks as its nearest built-in speaker: `voice_match.py`), and running one request.
 
 A speech request runs on the loaded graph, next to the live sessions: it opens a graph session
 of kind `speech`, sends one `Turn(role="assistant", text=..., speak=True)` into the graph input
@@ -29,10 +30,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from graph.errors import SessionRejected
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from graph.schema import convert_section
+from session_server.speech.voice_match import REFERENCE_FRAMES, REFERENCE_SEED, REFERENCE_TEXT, SpeakerMatcher
 from session_server.speech.voice_registry import POLICIES, VoiceRegistry
 
 log = logging.getLogger("session_server.speech")
@@ -124,6 +128,8 @@ class SpeechService:
         self._model_voices: ModelVoices | None = None
         # Jobs in flight, so tests and metrics can see that a request really ended.
         self.active_jobs: set[SpeechJob] = set()
+        # Uploaded voices speak with the nearest built-in speaker (voice_match.py).
+        self.matcher = SpeakerMatcher(self.speak_reference, lambda: self.model_voices().names)
 
     # The model's voices are known once its resources have loaded (after the port opened).
     def model_voices(self) -> ModelVoices:
@@ -151,6 +157,19 @@ class SpeechService:
 
     def job(self, **params: Any) -> SpeechJob:
         return SpeechJob(self, **params)
+
+    async def speak_reference(self, speaker: str) -> tuple[np.ndarray, int]:
+        """`speaker` saying the matcher's reference sentence (deterministic: a fixed seed).
+        Raises SessionRejected / SpeechFailed as any request does."""
+        job = self.job(text=REFERENCE_TEXT, voice=speaker, seed=REFERENCE_SEED,
+                       max_new_tokens=min(REFERENCE_FRAMES, self.config.max_new_tokens))
+        chunks: list[np.ndarray] = []
+        rate = self.model_voices().sample_rate
+        async with job:
+            async for out in job.audio():
+                chunks.append(np.asarray(out.samples, dtype=np.float32).reshape(-1))
+                rate = out.sample_rate
+        return (np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)), rate
 
 
 @dataclass(eq=False)

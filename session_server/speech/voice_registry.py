@@ -2,7 +2,8 @@
 
 Each file holds the decoded reference audio (`audio`: float32 mono at the upload's own rate)
 and, in the safetensors header's string metadata, everything else: name, consent, created_at,
-mime_type, file_size, sample_rate and the optional ref_text / speaker_description. Files are
+mime_type, file_size, sample_rate, the matched built-in `speaker` and the optional ref_text /
+speaker_description. Files are
 named after a hash of the voice name (`voice-<sha256[:32]>.safetensors`), so any valid name maps
 to a safe, fixed-length file name; the name itself is read back from the header.
 
@@ -23,8 +24,9 @@ Limits (each is what a client sees when hit):
 - policy `overwrite` (default): re-uploading a name replaces it; `immutable`: 409 `voice_exists`
   until the voice is deleted.
 
-This module does no model work: whether the loaded model can speak in an uploaded voice is the
-speech route's business (Qwen3-Omni cannot clone voices).
+This module does no model work. Qwen3-Omni cannot clone voices: the upload route matches each
+sample to the nearest built-in speaker (`voice_match.py`) and stores that speaker's name with the
+voice (`Voice.speaker`), so every replica sharing the registry speaks it with the same speaker.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Voice(msgspec.Struct, kw_only=True, omit_defaults=True):
     duration_s: float
     ref_text: str | None = None
     speaker_description: str | None = None
+    # The loaded model's built-in speaker the voice speaks with (voice_match.py); None for a voice
+    # stored by a version without matching: it is refused until uploaded again.
+    speaker: str | None = None
 
     def public(self) -> dict[str, Any]:
         """The entry as listed by `GET /v1/audio/voices` (optional fields omitted when unset)."""
@@ -220,20 +225,10 @@ class VoiceRegistry:
         file_size: int,
         ref_text: str | None = None,
         speaker_description: str | None = None,
+        speaker: str | None = None,
     ) -> tuple[Voice, bool]:
         """Store a voice; returns it and whether it replaced an existing one. Blocking (disk)."""
-        validate_voice_name(name, self.builtin)
-        if not consent or not consent.strip():
-            raise VoiceError(400, "invalid_consent", "consent is required", "consent")
-        duration = len(samples) / float(sample_rate) if sample_rate > 0 else 0.0
-        if duration < self.min_seconds:
-            raise VoiceError(
-                400, "invalid_audio", f"Audio sample is too short ({duration:.2f} s; at least {self.min_seconds:g} s)", "audio_sample"
-            )
-        if duration > self.max_seconds:
-            raise VoiceError(
-                400, "invalid_audio", f"Audio sample is too long ({duration:.2f} s; at most {self.max_seconds:g} s)", "audio_sample"
-            )
+        duration = self.check_upload(name=name, consent=consent, samples=samples, sample_rate=sample_rate)
         voice = Voice(
             name=name,
             consent=consent,
@@ -244,6 +239,7 @@ class VoiceRegistry:
             duration_s=round(duration, 3),
             ref_text=ref_text or None,
             speaker_description=speaker_description or None,
+            speaker=speaker,
         )
         with self._lock:
             self._refresh()
@@ -261,6 +257,22 @@ class VoiceRegistry:
         if replaced:
             log.warning("uploaded voice %r replaced an existing voice of that name", name)
         return voice, replaced
+
+    def check_upload(self, *, name: str, consent: str, samples: np.ndarray, sample_rate: int) -> float:
+        """Raises VoiceError(400) for what `add` would refuse before storing; returns the duration (s)."""
+        validate_voice_name(name, self.builtin)
+        if not consent or not consent.strip():
+            raise VoiceError(400, "invalid_consent", "consent is required", "consent")
+        duration = len(samples) / float(sample_rate) if sample_rate > 0 else 0.0
+        if duration < self.min_seconds:
+            raise VoiceError(
+                400, "invalid_audio", f"Audio sample is too short ({duration:.2f} s; at least {self.min_seconds:g} s)", "audio_sample"
+            )
+        if duration > self.max_seconds:
+            raise VoiceError(
+                400, "invalid_audio", f"Audio sample is too long ({duration:.2f} s; at most {self.max_seconds:g} s)", "audio_sample"
+            )
+        return duration
 
     def delete(self, name: str) -> None:
         with self._lock:

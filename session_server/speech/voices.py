@@ -1,10 +1,13 @@
 """GET/POST /v1/audio/voices and DELETE /v1/audio/voices/{name}.
 
-`voices` lists the names a speech request may pass as `voice`: the loaded model's built-in
-speakers. `uploaded_voices` lists the registry (see `voice_registry.py`): uploads are stored,
-listed, replaced and deleted whatever the model, but Qwen3-Omni cannot speak in them, so a speech
-request naming one gets 400 "... the loaded model does not support voice cloning" and they are
-not repeated under `voices`.
+`voices` lists the loaded model's built-in speakers; `uploaded_voices` lists the registry (see
+`voice_registry.py`). A speech request or a realtime session may name either. Qwen3-Omni cannot
+clone a voice: an upload is matched to the nearest built-in speaker (`voice_match.py`), named in
+the upload's response and in its listing (`"speaker": "ethan"`), and that speaker speaks whenever
+the uploaded name is used. Making the built-in speakers' signatures runs each speaker once through
+the speech service, at the first upload of a process; if the graph cannot (full, failing), the
+upload gets 503 `voice_matching_unavailable` and changes nothing. A voice stored by a version
+without matching has no `speaker`: using it gets 400 `voice_not_matched` until it is uploaded again.
 
 Upload (multipart): `audio_sample` (a file of at most `speech.voice_max_bytes`, 10 MiB; larger
 gets 413 before it is decoded), `consent`, `name`, optional `ref_text` and
@@ -28,7 +31,7 @@ from session_server.request_body import declared_body
 from session_server.speech.encode import AudioTooLong, decode_audio
 from session_server.speech.params import SpeechError
 from session_server.speech.routes import ensure_available, error_response
-from session_server.speech.service import SpeechService
+from session_server.speech.service import SessionRejected, SpeechFailed, SpeechService
 from session_server.speech.voice_registry import VoiceError
 
 log = logging.getLogger("session_server.speech")
@@ -141,6 +144,17 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
             except ValueError as exc:
                 return openai_error_response(400, f"audio_sample is not decodable audio ({exc})", "invalid_request_error", "audio_sample", "invalid_audio")
             try:
+                service.registry().check_upload(name=name, consent=consent, samples=samples, sample_rate=rate)
+            except VoiceError as error:
+                return voice_error(error)
+            try:
+                speaker = await service.matcher.nearest(samples, rate)
+            except (SessionRejected, SpeechFailed) as exc:
+                log.warning("voice %r: the built-in speakers' signatures could not be made: %s", name, exc)
+                return openai_error_response(
+                    503, f"The voice could not be matched to a speaker now ({exc}); try again.", "server_error", None, "voice_matching_unavailable"
+                )
+            try:
                 voice, replaced = await asyncio.to_thread(
                     service.registry().add,
                     name=name,
@@ -151,12 +165,14 @@ def install_voice_routes(app: FastAPI, service: SpeechService) -> None:
                     file_size=len(data),
                     ref_text=_form_text(form, "ref_text"),
                     speaker_description=_form_text(form, "speaker_description"),
+                    speaker=speaker,
                 )
             except VoiceError as error:
                 return voice_error(error)
         finally:
             await form.close()
-        log.info("voice %r %s (%d bytes, %.2f s)", voice.name, "replaced" if replaced else "uploaded", voice.file_size, voice.duration_s)
+        log.info("voice %r %s (%d bytes, %.2f s), speaks as %r", voice.name, "replaced" if replaced else "uploaded", voice.file_size,
+                 voice.duration_s, voice.speaker)
         return JSONResponse({"success": True, "voice": voice.public()})
 
     @app.delete("/v1/audio/voices/{name}")

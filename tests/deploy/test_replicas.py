@@ -1,7 +1,8 @@
 """Issue 14, end to end on loopback: redis-server, an S3 server (moto), two replicas with
 `--state-url` and `--voices-url`, and HAProxy with the repo's deploy/haproxy.cfg.
 
-Through the proxy: a voice uploaded via one replica is known to the other; a dropped socket
+Through the proxy: a voice uploaded via one replica is used by a session on the other (spoken by
+the built-in speaker it was matched to); a dropped socket
 resumes on its replica with the KV kept; a bad token gets `session_not_found`; a session whose
 replica is killed (SIGKILL) is rebuilt on the other and answers its next turn; a session on a
 replica that gets SIGTERM is closed resumable and resumed on the other. Every process started
@@ -182,15 +183,36 @@ async def test_two_replicas_behind_haproxy_share_voices_and_resume_sessions(tmp_
 
 
 async def _scenario(cluster: Cluster) -> None:
-    # A voice uploaded through one replica is listed, and recognised as an uploaded voice, by the other.
-    async with httpx.AsyncClient(headers=HEADERS, timeout=60) as http:
-        uploaded = await http.post(f"{cluster.replica_url(0)}/v1/audio/voices", data={"name": "narrator", "consent": "yes"},
+    # A voice uploaded through one replica is used by a session (through the proxy) on the other:
+    # it is listed there with the built-in speaker it was matched to, and that speaker speaks it.
+    async with cluster.session() as client, httpx.AsyncClient(headers=HEADERS, timeout=120) as http:
+        await client.recv()  # session.created
+        owner = cluster.owner_of_live_session()
+        other = 1 - owner
+        uploaded = await http.post(f"{cluster.replica_url(other)}/v1/audio/voices", data={"name": "narrator", "consent": "yes"},
                                    files={"audio_sample": ("v.wav", wav_bytes(), "audio/wav")})
-        assert uploaded.status_code in (200, 201), uploaded.text
-        listed = (await http.get(f"{cluster.replica_url(1)}/v1/audio/voices")).json()
-        assert [v["name"] for v in listed["uploaded_voices"]] == ["narrator"]
-        spoken = await http.post(f"{cluster.replica_url(1)}/v1/audio/speech", json={"input": "Hi.", "voice": "narrator"})
-        assert "voice cloning" in spoken.json()["error"]["message"]
+        assert uploaded.status_code == 200, uploaded.text
+        speaker = uploaded.json()["voice"]["speaker"]
+        assert speaker in ("aiden", "chelsie", "ethan")
+        listed = (await http.get(f"{cluster.replica_url(owner)}/v1/audio/voices")).json()
+        assert [(v["name"], v["speaker"]) for v in listed["uploaded_voices"]] == [("narrator", speaker)]
+
+        await client.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "narrator"}}}})
+        updated = (await client.until("session.updated"))[-1]
+        assert updated["session"]["audio"]["output"]["voice"] == "narrator"
+        await client.send({"type": "conversation.item.create",
+                           "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}})
+        await client.send({"type": "response.create"})
+        reply = await client.until("response.done", timeout=120)
+        assert reply[-1]["response"]["status"] == "completed"
+        assert any(event["type"] == "response.output_audio.delta" for event in reply)
+
+        speech = {"model": "qwen3-omni-tiny", "input": "Hi.", "seed": 1, "max_new_tokens": 8}
+        as_narrator = await http.post(f"{cluster.replica_url(owner)}/v1/audio/speech", json=speech | {"voice": "narrator"})
+        as_speaker = await http.post(f"{cluster.replica_url(owner)}/v1/audio/speech", json=speech | {"voice": speaker})
+        assert as_narrator.status_code == 200 and as_narrator.content == as_speaker.content
+        await client.send({"type": "session.close"})
+        await client.until("session.closed")
 
     async with contextlib.AsyncExitStack() as stack:
         # A dropped socket, resumed through the proxy on the same replica: the KV is kept.

@@ -1,16 +1,19 @@
-"""GET/POST/DELETE /v1/audio/voices, persistence across restarts, and the cloning refusal."""
+"""GET/POST/DELETE /v1/audio/voices, persistence across restarts, and speaking with an uploaded
+voice: the model cannot clone, so an upload speaks as the built-in speaker nearest to it."""
 
 import io
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import soundfile
 
 from session_server.speech import encode
+from session_server.speech.voice_match import REFERENCE_TEXT
+from session_server.speech.voice_registry import VoiceRegistry
 from tests.conftest import running_server
-from tests.speech.fake_speaker import speaker_profile
+from tests.speech.conftest import speaker_node
+from tests.speech.fake_speaker import RATE, VOICE_HZ, render_chunk, speaker_profile
 from tests.speech.helpers import sdk
 
 
@@ -61,7 +64,7 @@ async def test_upload_then_list_then_delete(server, tmp_path):
 async def test_optional_fields_are_omitted_when_not_given(server):
     async with client_for(server) as client:
         voice = (await upload(client)).json()["voice"]
-    assert set(voice) == {"name", "consent", "created_at", "file_size", "mime_type"}
+    assert set(voice) == {"name", "consent", "created_at", "file_size", "mime_type", "speaker"}
 
 
 async def test_uploaded_voices_survive_a_restart(tmp_path):
@@ -175,10 +178,77 @@ async def test_deleting_an_unknown_voice_is_404_in_the_openai_shape(server):
     }
 
 
-async def test_speaking_with_an_uploaded_voice_is_refused_the_model_cannot_clone(server):
+def spoken_by(voice: str, seconds: float = 2.0, seed: int = 5) -> bytes:
+    """A WAV of the fake speaker's `voice` (its tone and its noise), not the sentence it is matched on."""
+    chunk = RATE // 10
+    samples = np.concatenate([render_chunk(voice, seed, index, chunk) for index in range(int(seconds * 10))])
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, RATE, format="WAV")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("speaker", sorted(VOICE_HZ))
+async def test_an_upload_is_matched_to_the_built_in_speaker_it_sounds_like(server, speaker):
     async with client_for(server) as client:
-        await upload(client, name="my-clone")
-    with pytest.raises(openai.BadRequestError) as caught:
-        await sdk(server).audio.speech.create(model="test-tts", voice="my-clone", input="Hello")
-    assert "the loaded model does not support voice cloning" in caught.value.body["message"]
-    assert caught.value.body["param"] == "voice"
+        uploaded = await upload(client, name="sounds-alike", audio=spoken_by(speaker))
+        [listed] = (await client.get("/v1/audio/voices")).json()["uploaded_voices"]
+    assert uploaded.status_code == 200 and uploaded.json()["voice"]["speaker"] == speaker
+    assert listed["name"] == "sounds-alike" and listed["speaker"] == speaker
+
+
+async def test_speaking_with_an_uploaded_voice_speaks_as_its_matched_speaker(server):
+    async with client_for(server) as client:
+        await upload(client, name="my-voice", audio=spoken_by("aiden"))
+    speech = sdk(server).audio.speech
+    as_uploaded = await speech.create(model="test-tts", voice="my-voice", input="Hello there", extra_body={"seed": 1})
+    as_aiden = await speech.create(model="test-tts", voice="aiden", input="Hello there", extra_body={"seed": 1})
+    as_ethan = await speech.create(model="test-tts", voice="ethan", input="Hello there", extra_body={"seed": 1})
+    assert len(as_uploaded.content) > 1000
+    assert as_uploaded.content == as_aiden.content != as_ethan.content
+    assert speaker_node(server).turns[-3].reply.voice == "aiden"
+
+
+async def test_a_voice_stored_without_a_speaker_is_refused_until_uploaded_again(server, tmp_path):
+    # As an older server stored it: no matched speaker in its metadata.
+    VoiceRegistry(tmp_path / "voices").add(name="old-voice", consent="yes", samples=np.zeros(24000, np.float32), sample_rate=24000,
+                                           mime_type="audio/wav", file_size=1000)
+    async with client_for(server) as client:
+        [listed] = (await client.get("/v1/audio/voices")).json()["uploaded_voices"]
+        refused = await client.post("/v1/audio/speech", json={"input": "Hello", "voice": "old-voice"})
+        await upload(client, name="old-voice", audio=spoken_by("chelsie"))
+        spoken = await client.post("/v1/audio/speech", json={"input": "Hello", "voice": "old-voice"})
+    assert "speaker" not in listed
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "voice_not_matched"
+    assert "upload it again" in refused.json()["error"]["message"] and refused.json()["error"]["param"] == "voice"
+    assert spoken.status_code == 200
+
+
+async def test_the_speakers_signatures_are_made_once_per_process(server):
+    async with client_for(server) as client:
+        await upload(client, name="first", audio=spoken_by("ethan"))
+        await upload(client, name="second", audio=spoken_by("aiden"))
+    references = [turn.reply.voice for turn in speaker_node(server).turns if turn.text == REFERENCE_TEXT]
+    assert sorted(references) == sorted(VOICE_HZ)
+
+
+async def test_an_upload_that_cannot_be_matched_now_is_503_and_stores_nothing(tmp_path):
+    profile = speaker_profile(tmp_path / "voices", step_delay_s=0.2)
+    profile["limits"] = {"max_speech_sessions": 1}
+    long_speech = {"input": "word " * 50, "response_format": "pcm", "stream_format": "audio"}
+    async with running_server(profile, enable_realtime=False) as server:
+        async with client_for(server) as client:
+            async with client.stream("POST", "/v1/audio/speech", json=long_speech) as busy:
+                audio = busy.aiter_bytes()
+                await anext(audio)  # the one speech slot is taken: no speaker can say its sentence
+                response = await upload(client, name="unmatched")
+                await audio.aclose()
+            listed = (await client.get("/v1/audio/voices")).json()["uploaded_voices"]
+    assert response.status_code == 503 and response.json()["error"]["code"] == "voice_matching_unavailable"
+    assert listed == []
+
+
+async def test_voice_cloning_inputs_stay_refused(server):
+    async with client_for(server) as client:
+        await upload(client, name="my-voice")
+        response = await client.post("/v1/audio/speech", json={"input": "Hi", "voice": "my-voice", "task_type": "Base"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "voice_cloning_unsupported"
