@@ -12,6 +12,12 @@ all there, step their replies for `--frames` frames:
 
 Reported: frames/s over all sessions, and the machine's load average (the machine is shared).
 `--scale N`: the larger random profile (`build_tiny_checkpoint(scale=N)`).
+
+`--prefills 1,8,32` (issue 12): N replies whose prefills start together, of `--prefill-positions`
+each (9: the assistant block alone, its 61-position user turn already in the talker's kept KV;
+70: that user turn and the block, nothing kept), timed as `prefill_replies(all)` (`batched`:
+longest first, as many as fit in one forward) against one `prefill_replies([reply])` each
+(`alone`); ms for all N prefills and per prefill (median of `--repeats`). `--prefills 0`: none.
 """
 
 from __future__ import annotations
@@ -73,12 +79,68 @@ def measure(omni: Any, talker: Any, count: int, frames: int, mode: str) -> dict[
     }
 
 
+def _prefill_replies(omni: Any, talker: Any, count: int, positions: int) -> list[Any]:
+    """`count` replies whose prefills put `positions` positions through the talker (9: only the
+    assistant block, the user turn kept; more: a user turn of `positions - 9` and the block)."""
+    import torch
+
+    from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, TalkerSampling, prefill_user_turns
+
+    block = 9
+    user = positions - block if positions > block else 61
+    words = omni.tokenizer(" ".join(f"word{i}" for i in range(2 * user)), add_special_tokens=False).input_ids
+    replies = []
+    for index in range(count):
+        history = TalkerHistory(talker)
+        filler = words[index % 7 : index % 7 + user - 2]
+        history.add_user_part(torch.tensor([talker.im_start_id, talker.user_id, *filler]))
+        if positions <= block:
+            prefill_user_turns(history)
+        reply = TalkerReply(talker, history, list(omni.tokens.assistant_header), sampling=TalkerSampling(do_sample=False))
+        reply.add_text([104 + index % 50], final=True)
+        replies.append(reply)
+    return replies
+
+
+def measure_prefill(omni: Any, talker: Any, count: int, positions: int, mode: str, repeats: int) -> dict[str, Any]:
+    from nodes.qwen3_omni.talker_engine import prefill_replies
+    from nodes.qwen3_omni.talker_slots import TalkerSlots
+
+    walls = []
+    load_before = os.getloadavg()[0]
+    for _ in range(repeats):
+        replies = _prefill_replies(omni, talker, count, positions)
+        started = time.perf_counter()
+        if mode == "batched":
+            results = prefill_replies(replies)
+        else:
+            results = [prefill_replies([reply])[0] for reply in replies]
+        walls.append(time.perf_counter() - started)
+        for reply, result in zip(replies, results):
+            if isinstance(result, BaseException):
+                raise result
+            TalkerSlots.leave(reply)
+    wall = sorted(walls)[len(walls) // 2]
+    return {
+        "mode": mode,
+        "prefills": count,
+        "positions": positions,
+        "ms_all": round(wall * 1000, 2),
+        "ms_per_prefill": round(wall * 1000 / count, 3),
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", default="1,4,16")
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--scale", type=int, default=1)
     parser.add_argument("--mode", default="both", choices=("alone", "batched", "both"))
+    parser.add_argument("--prefills", default="1,8,32")
+    parser.add_argument("--prefill-positions", default="9,70")
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     import torch
 
@@ -90,11 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     measure(omni, talker, 2, 4, "batched")  # warm-up
     modes = ("alone", "batched") if args.mode == "both" else (args.mode,)
     for mode in modes:
-        for count in (int(n) for n in args.sessions.split(",")):
+        for count in (int(n) for n in args.sessions.split(",") if n):
             row = measure(omni, talker, count, args.frames, mode)
             print(f"scale={args.scale} talker {mode:8s} N={count:3d}  {row['frames_per_s']:8.1f} frames/s  "
                   f"{row['ms_per_frame_step']:8.2f} ms/step  load {row['load_1min'][0]}->{row['load_1min'][1]} "
                   f"({row['cpus']} cpus)", flush=True)
+    counts = [int(n) for n in args.prefills.split(",") if int(n) > 0]
+    for positions in (int(n) for n in args.prefill_positions.split(",")):
+        for count in counts:
+            for mode in modes:
+                row = measure_prefill(omni, talker, count, positions, mode, args.repeats)
+                print(f"scale={args.scale} prefill {mode:8s} N={count:3d} x {positions:3d} positions  "
+                      f"{row['ms_all']:8.2f} ms  {row['ms_per_prefill']:7.3f} ms/prefill  "
+                      f"load {row['load_1min'][0]}->{row['load_1min'][1]} ({row['cpus']} cpus)", flush=True)
     return 0
 
 

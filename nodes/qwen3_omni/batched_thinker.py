@@ -46,7 +46,7 @@ import torch
 
 from graph.executor import continuation_due
 from nodes.qwen3_omni.lean_decode import LeanDecode
-from nodes.qwen3_omni.slot_cache import SlotKVCache
+from nodes.qwen3_omni.slot_cache import SlotKVCache, padded_group
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
@@ -345,17 +345,15 @@ def _prefill_group(chunks: list[tuple[int, Chunk]]) -> list[int]:
     and audio chunks (images carry deepstack features: alone) of other rows while the padded
     batch stays within `PREFILL_BATCH_TOKENS` (turns that arrive together: one forward)."""
     first_index, first = chunks[0]
-    group, rows, longest = [first_index], {first.slot}, first.embeds.shape[1]
     if first.deepstack is not None:
-        return group
-    for index, chunk in chunks[1:]:
-        length = max(longest, chunk.embeds.shape[1])
-        if chunk.deepstack is not None or chunk.slot in rows or (len(group) + 1) * length > PREFILL_BATCH_TOKENS:
-            continue
-        group.append(index)
-        rows.add(chunk.slot)
-        longest = length
-    return group
+        return [first_index]
+    candidates, rows = [(first_index, first)], {first.slot}
+    for index, chunk in chunks[1:]:  # a row's first waiting chunk only: its chunks go in order
+        if chunk.deepstack is None and chunk.slot not in rows:
+            candidates.append((index, chunk))
+            rows.add(chunk.slot)
+    lengths = [chunk.embeds.shape[1] for _, chunk in candidates]
+    return [candidates[place][0] for place in padded_group(lengths, PREFILL_BATCH_TOKENS)]
 
 
 class ThinkerExecutor:

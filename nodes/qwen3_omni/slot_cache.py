@@ -256,3 +256,16 @@ class SlotBatch:
         with self.cache.lock:
             for b, (row, start) in enumerate(zip(self.rows, self.starts)):
                 self.cache.lengths[row] = start + (self.query_length if lengths is None else lengths[b])
+
+
+def padded_group(lengths: Sequence[int], budget: int) -> list[int]:
+    """The rows that go into one forward padded at their ends to the longest: the first, then each
+    later one while rows x longest stays within `budget` tokens (the first alone may exceed it).
+    -> their indices in `lengths`."""
+    group, longest = [0], lengths[0]
+    for index in range(1, len(lengths)):
+        length = max(longest, lengths[index])
+        if (len(group) + 1) * length <= budget:
+            group.append(index)
+            longest = length
+    return group

@@ -24,11 +24,14 @@ shows identical frames with greedy settings):
 Shared model state is left alone: positions are passed explicitly (so `talker.rope_deltas` is
 never read or written) and the code predictor is driven directly (its
 `generation_config.do_sample` is neither read nor written), so replies of many sessions can
-interleave on one model. `step_replies` steps the replies of many sessions at once: one talker
-decode forward for all (each reply's decode KV is a row of a shared slot cache, rows of different
-lengths side by side: talker_slots.py), one pick of all their talker codes (talker_sampling.py:
-transformers' processors as batched tensor ops) and one batched code predictor (it starts afresh
-every frame with the same shapes for every reply: code_predictor.py). Both forwards skip
+interleave on one model. `step_replies` steps the replies of many sessions at once: the prefills
+that start together as one forward (`prefill_replies`: padded at their ends, at most
+`PREFILL_BATCH_TOKENS` padded positions a forward, the rest in the next; a lone prefill, or one
+with image/video positions, runs alone on its reply's own cache), one talker decode forward for
+all (each reply's decode KV is a row of a shared slot cache, rows of different lengths side by
+side: talker_slots.py), one pick of all their talker codes (talker_sampling.py: transformers'
+processors as batched tensor ops) and one batched code predictor (it starts afresh every frame
+with the same shapes for every reply: code_predictor.py). The forwards on the slot cache skip
 transformers' per-call wrappers where that gives the same numbers bit for bit (lean_layers.py).
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
@@ -49,6 +52,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from nodes.qwen3_omni.code_predictor import CodePredictor
+from nodes.qwen3_omni.slot_cache import padded_group
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
 from nodes.qwen3_omni.talker_sampling import CodeHistory, check_settings, residual_codes, talker_codes
 from nodes.qwen3_omni.talker_slots import TalkerSlots
@@ -60,6 +64,7 @@ __all__ = [
     "TalkerReply",
     "TalkerSampling",
     "decode_inputs",
+    "prefill_replies",
     "prefill_user_turns",
     "step_replies",
     "talker_positions",
@@ -417,16 +422,30 @@ class TalkerReply:
         talker_ids = torch.cat([*(segment.token_ids for segment in segments), assistant_ids]).unsqueeze(0)
         return embeds, self._prefill_positions(talker_ids)
 
-    def _prefill(self) -> torch.Tensor:
+    def _prefill_prompt(self) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+        """What the prefill puts through the talker, embeddings [1, n, D] and positions [4, 1, n]
+        (past the user turns whose KV the history kept), and the KV it starts from: that kept KV,
+        taken from the history, or an empty cache."""
         embeds, positions = self.prefill_inputs()
         cache, cached = self.history.take_kv()
         if cache is None:
             cache = DynamicCache(config=self.talker.talker.config.text_config)
+        return embeds[:, cached:], positions[..., cached:], cache
+
+    def _prefill(self, prompt: tuple[torch.Tensor, torch.Tensor, DynamicCache] | None = None) -> torch.Tensor:
+        """The prefill alone (on the reply's own cache) -> codec logits [1, vocab]."""
+        embeds, positions, cache = prompt or self._prefill_prompt()
         self._cache = cache
-        self.prefill_tokens = embeds.shape[1] - cached
-        logits = self._forward(embeds[:, cached:], positions[..., cached:])
-        self.history.keep(cache, self.history.user_length)
+        logits = self._forward(embeds, positions)
+        self._prefilled(cache, embeds.shape[1])
         return logits
+
+    def _prefilled(self, cache: DynamicCache, positions: int) -> None:
+        """The prefill of `positions` new positions is in `cache`: the reply decodes next, and its
+        history keeps that KV (its first `user_length` positions) for the next reply."""
+        self._cache = cache
+        self.prefill_tokens = positions
+        self.history.keep(cache, self.history.user_length)
 
     def _prefill_positions(self, talker_ids: torch.Tensor) -> torch.Tensor:
         return talker_positions(self.talker, self.history, talker_ids)
@@ -492,24 +511,31 @@ def prefill_user_turns(history: TalkerHistory, max_positions: int | None = None)
 def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseException]:
     """One step of many replies (of any sessions) at once: their next frames, in order.
 
-    Prefills run one by one. Decode steps run as one batched talker forward over the replies'
-    rows of the shared slot cache (a reply joins it at its first decode step); the talker codes
-    of all replies are picked at once (talker_sampling.py), and the code predictor, which starts
-    afresh every frame with the same shapes for everyone, runs batched too (code_predictor.py).
-    A reply whose own work fails gets its exception back alone.
+    Prefills that start together run as few batched forwards as fit `PREFILL_BATCH_TOKENS`
+    (`prefill_replies`). Decode steps run as one batched talker forward over the replies' rows of
+    the shared slot cache (a reply joins it at its first decode step, or at its prefill when that
+    ran in a group); the talker codes of all replies are picked at once (talker_sampling.py), and
+    the code predictor, which starts afresh every frame with the same shapes for everyone, runs
+    batched too (code_predictor.py). A reply whose own work fails gets its exception back alone.
     """
     results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
-    prefilled: dict[int, torch.Tensor] = {}  # index -> logits [1, V]
+    prefilling: list[int] = []
     decoding: list[int] = []
     for index, reply in enumerate(replies):
         try:
             phase = reply._next_phase()
             if phase == "prefill":
-                prefilled[index] = reply._prefill()
+                prefilling.append(index)
             elif phase == "decode":
                 decoding.append(index)
         except Exception as exc:  # noqa: BLE001 - fails that reply's session only
             results[index] = exc
+    prefilled: dict[int, torch.Tensor] = {}  # index -> logits [1, V]
+    for index, logits in zip(prefilling, prefill_replies([replies[index] for index in prefilling])):
+        if isinstance(logits, BaseException):
+            results[index] = logits
+        else:
+            prefilled[index] = logits
     decoded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, V], hidden [B, 1, D])
     if decoding:
         try:
@@ -552,6 +578,58 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
         reply._next_embeds = next_embeds[row : row + 1]
         reply.frames += 1
         results[rows[started[row]]] = frames[row]
+    return results
+
+
+# The padded positions (rows x longest) one talker forward of several replies' prefills may hold;
+# the rest go in the next forward. As the thinker's: it bounds one forward's activations and how
+# long that forward holds the compute worker.
+PREFILL_BATCH_TOKENS = 1024
+
+
+@torch.inference_mode()
+def prefill_replies(replies: list[TalkerReply]) -> list[torch.Tensor | BaseException]:
+    """The prefills of `replies` (each in phase "prefill"): each reply's codec logits [1, vocab], or
+    the exception that failed it.
+
+    One reply: alone, on its own cache (`TalkerReply._prefill`, as before batching). Several:
+    their prompts are built reply by reply (a reply whose input fails, fails alone); then, longest
+    first, as many as fit in `PREFILL_BATCH_TOKENS` padded positions go through one forward
+    (`TalkerSlots.prefill`: same logits, last hidden state and kept KV as alone, to float
+    rounding), the rest in the next forward (a group of one: alone). A failed forward fails its
+    group. A reply whose history has image/video grids (3-D rope positions) is prefilled alone.
+    """
+    results: list[torch.Tensor | BaseException] = [None] * len(replies)  # type: ignore[list-item]
+    prompts: dict[int, tuple[torch.Tensor, torch.Tensor, DynamicCache]] = {}
+    for index, reply in enumerate(replies):
+        try:
+            if len(replies) == 1 or reply.history.image_grids or reply.history.video_grids:
+                results[index] = reply._prefill()
+            else:
+                prompts[index] = reply._prefill_prompt()
+        except Exception as exc:  # noqa: BLE001 - fails that reply's session only
+            results[index] = exc
+    waiting = sorted(prompts, key=lambda index: -prompts[index][0].shape[1])
+    while waiting:
+        places = padded_group([prompts[index][0].shape[1] for index in waiting], PREFILL_BATCH_TOKENS)
+        group = [waiting[place] for place in places]
+        chosen = set(places)
+        waiting = [index for place, index in enumerate(waiting) if place not in chosen]
+        try:
+            if len(group) == 1:
+                logits = replies[group[0]]._prefill(prompts[group[0]])
+            else:
+                batch = [replies[index] for index in group]
+                logits = TalkerSlots.for_model(batch[0].talker).prefill(batch, [prompts[index] for index in group])
+                for reply, index in zip(batch, group):
+                    embeds, _, cache = prompts[index]
+                    reply._prefilled(cache, embeds.shape[1])
+        except Exception as exc:  # noqa: BLE001 - the forward failed for all its replies
+            for index in group:
+                results[index] = exc
+            continue
+        for row, index in enumerate(group):
+            results[index] = logits[row : row + 1]
     return results
 
 

@@ -24,10 +24,17 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, TalkerSampling, decode_inputs, step_replies
+from nodes.qwen3_omni.talker_engine import (
+    TalkerHistory,
+    TalkerReply,
+    TalkerSampling,
+    decode_inputs,
+    prefill_replies,
+    step_replies,
+)
 from nodes.qwen3_omni.talker_sampling import CodeHistory, residual_codes, talker_codes
 from nodes.qwen3_omni.talker_slots import TalkerSlots
-from tests.model.test_talker import model, prompt_ids, talker  # noqa: F401 - fixtures
+from tests.model.test_talker import model, prefill_cases, prompt_ids, talker  # noqa: F401 - fixtures
 
 GREEDY = TalkerSampling(do_sample=False)
 
@@ -193,6 +200,21 @@ def test_the_lean_talker_decode_forward_gives_the_hf_forwards_outputs_bit_for_bi
 
     assert torch.equal(lean[0], hf[0]) and torch.equal(lean[1], hf[1])
     assert all(torch.equal(a, b) for a, b in zip(lean[2], hf[2]))  # the KV columns written
+
+
+def test_the_lean_talker_prefill_group_gives_the_hf_forwards_outputs_bit_for_bit(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    lean_replies = prefill_cases(talker, tokenizer)
+    lean = prefill_replies(lean_replies)
+    hf_replies = prefill_cases(talker, tokenizer)
+    with through_hf(talker.talker.model) as calls:
+        hf = prefill_replies(hf_replies)
+    assert len(calls) == 1  # one forward for the group
+
+    for lean_reply, hf_reply, lean_logits, hf_logits in zip(lean_replies, hf_replies, lean, hf):
+        assert torch.equal(lean_logits, hf_logits) and torch.equal(lean_reply.last_hidden, hf_reply.last_hidden)
+        for lean_layer, hf_layer in zip(lean_reply._cache.layers, hf_reply._cache.layers):
+            assert torch.equal(lean_layer.keys, hf_layer.keys) and torch.equal(lean_layer.values, hf_layer.values)
 
 
 def reference_frames(talker, prompt, text, sampling, frames):

@@ -6,15 +6,18 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
+from nodes.qwen3_omni import talker_engine
 from nodes.qwen3_omni.talker_engine import (
     TalkerHistory,
     TalkerLimits,
     TalkerModel,
     TalkerReply,
     TalkerSampling,
+    prefill_replies,
     prefill_user_turns,
     step_replies,
 )
+from nodes.qwen3_omni.talker_slots import TalkerSlots
 
 GREEDY = TalkerSampling(do_sample=False)
 
@@ -305,3 +308,130 @@ def test_user_turns_put_through_the_talker_in_slices_give_the_reply_what_one_pas
     for tokens, frames, hidden in outputs[1:]:
         assert torch.equal(frames, outputs[0][1])
         assert torch.allclose(hidden, outputs[0][2], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- prefills that start together (issue 12)
+
+
+def prefill_cases(talker, tokenizer):
+    """Replies of four sessions, built afresh per call: an empty history (the 9-position block
+    alone), a user turn already put through the talker (kept KV, the block alone), a short and a
+    long user turn with nothing kept (different lengths), and a second turn on a kept first one."""
+
+    def turn(text, first=True):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+        )["input_ids"][0]
+        return ids if first else torch.cat([torch.tensor(tokenizer.encode("<|im_end|>\n")), ids])
+
+    header = turn("x")[-3:]
+    replies = [TalkerReply(talker, TalkerHistory(talker), header, sampling=GREEDY, speaker="chelsie")]
+    kept = TalkerHistory(talker)
+    kept.add_prompt(turn("a turn the talker took in before its reply"))
+    prefill_user_turns(kept)
+    replies.append(TalkerReply(talker, kept, header, sampling=GREEDY))
+    for text in ("short", "a much longer user turn, " * 6):
+        history = TalkerHistory(talker)
+        history.add_prompt(turn(text))
+        replies.append(TalkerReply(talker, history, header, sampling=GREEDY, speaker="aiden"))
+    second = TalkerHistory(talker)
+    second.add_prompt(turn("first question"))
+    prefill_user_turns(second)
+    second.add_reply([104, 105])
+    second.add_prompt(turn("and a second, longer question", first=False))
+    replies.append(TalkerReply(talker, second, header, sampling=GREEDY))
+    for index, reply in enumerate(replies):
+        reply.add_text([104 + index, 110, 111, 112], final=True)
+    return replies
+
+
+def _kept_kv(reply):
+    history = reply.history
+    return history.kv_length, [(layer.keys.clone(), layer.values.clone()) for layer in history.kv.layers]
+
+
+def test_replies_that_start_together_are_prefilled_in_one_forward_as_each_is_alone(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    slots = TalkerSlots.for_model(talker)
+    alone = []
+    for index in range(5):
+        reply = prefill_cases(talker, tokenizer)[index]
+        logits = prefill_replies([reply])[0]
+        alone.append((logits, reply.last_hidden, reply._last_position, reply.prefill_tokens, _kept_kv(reply)))
+        assert reply._slot is None  # alone: on its own cache, as before batching
+
+    replies = prefill_cases(talker, tokenizer)
+    forwards = slots.forwards
+    together = prefill_replies(replies)
+
+    assert slots.forwards == forwards + 1  # one forward for all five
+    assert len({alone_reply[3] for alone_reply in alone}) > 2  # rows of different lengths side by side
+    for reply, logits, (alone_logits, hidden, position, tokens, (kv_length, kv)) in zip(replies, together, alone):
+        assert torch.allclose(logits, alone_logits, rtol=0, atol=1e-5)
+        assert torch.allclose(reply.last_hidden, hidden, rtol=0, atol=1e-5)
+        assert torch.equal(reply._last_position, position) and reply.prefill_tokens == tokens
+        together_length, together_kv = _kept_kv(reply)  # what the history keeps for the next reply
+        assert together_length == kv_length and len(together_kv) == len(kv)
+        for (keys, values), (alone_keys, alone_values) in zip(together_kv, kv):
+            assert keys.shape == alone_keys.shape
+            assert torch.allclose(keys, alone_keys, rtol=0, atol=1e-5)
+            assert torch.allclose(values, alone_values, rtol=0, atol=1e-5)
+        assert slots.cache.length(reply._slot) == reply._cache.get_seq_length()  # its decode row, from the prefill
+
+
+def test_replies_prefilled_together_speak_the_frames_each_speaks_alone(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    alone = []
+    for index in range(5):
+        reply = prefill_cases(talker, tokenizer)[index]
+        alone.append(torch.stack([reply.step() for _ in range(4)]))
+
+    replies = prefill_cases(talker, tokenizer)
+    steps = [step_replies(replies) for _ in range(4)]
+
+    for index, frames in enumerate(alone):
+        assert torch.equal(torch.stack([step[index] for step in steps]), frames)
+
+
+def test_a_reply_whose_prefill_input_fails_fails_alone_and_the_others_prefill_together(talker, tiny_checkpoint):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    cases = prefill_cases(talker, tokenizer)
+    first_alone = cases[0].step()
+    replies = prefill_cases(talker, tokenizer)
+    bad = new_reply(talker, tokenizer.apply_chat_template(
+        [{"role": "user", "content": "bad"}], add_generation_prompt=True, return_tensors="pt"
+    )["input_ids"][0])
+    bad.add_text([10**9])  # no such token
+    slots = TalkerSlots.for_model(talker)
+    forwards = slots.forwards
+
+    results = step_replies([replies[0], bad, *replies[1:]])
+
+    assert isinstance(results[1], IndexError) and bad._cache is None and bad._slot is None
+    assert torch.equal(results[0], first_alone)
+    assert all(result.shape == (talker.num_code_groups,) for result in results[2:])
+    assert slots.forwards == forwards + 1
+
+
+def test_prefills_past_the_token_budget_go_in_the_next_forward(talker, tiny_checkpoint, monkeypatch):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    replies = prefill_cases(talker, tokenizer)
+    lengths = [reply.prefill_inputs()[0].shape[1] - reply.history.kv_length for reply in replies]
+    budget = 2 * max(lengths)
+    monkeypatch.setattr(talker_engine, "PREFILL_BATCH_TOKENS", budget)
+    groups = []
+    slots = TalkerSlots.for_model(talker)
+    group_prefill = slots.prefill
+
+    def recording(batch, prompts):
+        groups.append([prompt[0].shape[1] for prompt in prompts])
+        return group_prefill(batch, prompts)
+
+    monkeypatch.setattr(slots, "prefill", recording)
+    results = prefill_replies(replies)
+
+    assert all(isinstance(result, torch.Tensor) for result in results)
+    assert groups[0] == sorted(lengths, reverse=True)[:2]  # longest first, as many as fit
+    assert all(len(group) * max(group) <= budget for group in groups)  # each forward within the budget
+    alone = sum(reply._slot is None for reply in replies)  # a group of one runs alone, on its own cache
+    assert sum(len(group) for group in groups) + alone == len(replies) and len(groups) + alone >= 2

@@ -15,7 +15,8 @@ def test_a_reply_decodes_in_a_row_that_it_gives_back_when_it_ends(talker, prompt
         reply.add_text([104, 105, 106, 107], final=True)
     in_use = slots.cache.rows_in_use
 
-    step_replies([ending, cancelled])  # prefills: no row yet
+    step_replies([ending])  # prefills, each alone: no row yet (prefills together: test_talker.py)
+    step_replies([cancelled])
     assert ending._slot is None and cancelled._slot is None
     prefill_length = ending._cache.get_seq_length()
     step_replies([ending, cancelled])  # first decode step: both join, one forward for both
