@@ -65,6 +65,7 @@ from typing import Any, Generic, TypeVar
 
 PRIORITY_REALTIME = 0
 PRIORITY_SPEECH = 10
+PRIORITY_IDLE = 100  # runs only when nothing else waits (keeping caches warm: graph/runtime.py)
 
 # The priority of compute submitted from the current task (set per node task by the runtime).
 current_priority: contextvars.ContextVar[int] = contextvars.ContextVar(
@@ -130,6 +131,11 @@ class ComputePool:
 
     def queue_depth(self) -> int:
         return len(self._calls)
+
+    def idle(self) -> bool:
+        """Nothing queued or running."""
+        with self._ready:
+            return not self._calls and not any(b._queue or b._running for b in self._batchers)
 
     def batcher(
         self,

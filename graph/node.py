@@ -18,6 +18,7 @@ when every type `a.out` may carry is accepted by `b.in`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from graph.messages import Control, Message
@@ -92,6 +93,13 @@ class Node(abc.ABC):
 
     async def stop(self) -> None:
         """Release shared resources at server shutdown."""
+
+    def keep_warm(self) -> Callable[[], None] | None:
+        """A small computation through this node's model code on dummy input (None: nothing to
+        keep warm). The runtime runs it while its compute is idle and it hosts a live session
+        (`compute: {keep_warm_ms}`), so that a turn ending after seconds of the user speaking
+        finds this code and its data still in the CPU's caches."""
+        return None
 
 
 class NodeContext:

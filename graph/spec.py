@@ -14,7 +14,8 @@ Layout of a profile:
     outputs: [dialog.events, thinker.text]           # what transports receive
     limits: {max_sessions: 8}
     compute: {threads: 1, lookahead_ms: 500,         # compute pool workers; how far ahead of its listener a live reply is made
-              engines: 1, devices: [cuda:0]}         # engine processes (0: in the server's process); a device per engine
+              engines: 1, devices: [cuda:0],         # engine processes (0: in the server's process); a device per engine
+              keep_warm_ms: 150}                     # idle compute keeps the first-audio path warm (null: off)
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -106,6 +107,9 @@ class GraphSpec:
     # `compute: {devices: [...]}`: one device per engine (e.g. cuda:0, cuda:1), replacing the
     # `device` param of every resource that has one in that engine; empty: as the profile says.
     compute_devices: tuple[str, ...] = ()
+    # `compute: {keep_warm_ms: N}`: while its compute is idle and it hosts a live session, a
+    # runtime runs its nodes' `keep_warm` units every N ms (graph/runtime.py); null: never.
+    compute_keep_warm_s: float | None = None
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -162,15 +166,18 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
         raise GraphConfigError("limits", str(exc)) from None
 
     compute = _mapping(profile.get("compute", {}), "compute")
-    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices"})
+    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices", "keep_warm_ms"})
     if unknown:
-        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices)")
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices, keep_warm_ms)")
     threads = compute.get("threads", DEFAULT_COMPUTE_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
     lookahead_ms = compute.get("lookahead_ms", DEFAULT_LOOKAHEAD_MS)
     if lookahead_ms is not None and (not isinstance(lookahead_ms, (int, float)) or isinstance(lookahead_ms, bool) or lookahead_ms < 0):
         raise GraphConfigError("compute.lookahead_ms", "must be a number of milliseconds >= 0, or null")
+    keep_warm_ms = compute.get("keep_warm_ms")
+    if keep_warm_ms is not None and (not isinstance(keep_warm_ms, (int, float)) or isinstance(keep_warm_ms, bool) or keep_warm_ms <= 0):
+        raise GraphConfigError("compute.keep_warm_ms", "must be a number of milliseconds > 0, or null")
 
     engines = compute.get("engines", DEFAULT_ENGINES)
     if not isinstance(engines, int) or isinstance(engines, bool) or engines < 0:
@@ -183,7 +190,8 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
 
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
     return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads,
-                     None if lookahead_ms is None else lookahead_ms / 1000.0, engines, tuple(devices))
+                     None if lookahead_ms is None else lookahead_ms / 1000.0, engines, tuple(devices),
+                     None if keep_warm_ms is None else keep_warm_ms / 1000.0)
 
 
 def validate_spec(spec: GraphSpec) -> None:

@@ -64,6 +64,12 @@ class Code2WavNode(Node):
     def open_session(self, session: SessionInfo) -> NodeSession:
         return Code2WavSession(self, session)
 
+    def keep_warm(self):
+        """A reply's first chunk, decoded from one frame of zero codes on a fresh stream."""
+        decoder = self.decoder
+        codes = torch.zeros((1, int(decoder.code2wav.config.num_quantizers)), dtype=torch.long)
+        return lambda: Code2WavStream(decoder, 1, 1).push(codes, final=True)
+
 
 class Code2WavSession(NodeSession):
     node: Code2WavNode

@@ -28,7 +28,7 @@ class Encoders(Node):
     outputs = {"embeddings": (Embeddings,)}
 
     async def start(self) -> None:
-        omni = self.context.resource(self.params.get("resource", "omni"))
+        self.omni = omni = self.context.resource(self.params.get("resource", "omni"))
         self.batcher = self.context.compute.batcher(
             f"{self.name}.encoders",
             lambda turns: encode_turns(omni, turns),
@@ -54,6 +54,15 @@ class Encoders(Node):
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return EncodersSession(self, session)
+
+    def keep_warm(self):
+        """The audio encoder over 0.3 s of silence's features."""
+        import numpy as np
+
+        from nodes.qwen3_omni.inputs import build_turn_inputs
+
+        tensors = build_turn_inputs(self.omni, audio=np.zeros(4800, np.float32)).tensors()
+        return lambda: encode_turns(self.omni, [dict(tensors)])
 
 
 class EncodersSession(NodeSession):

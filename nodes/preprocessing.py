@@ -29,6 +29,7 @@ Feature extraction (log-mel, image resizing) is CPU work: it runs in the compute
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from graph.messages import Features, Message, Turn
@@ -56,6 +57,11 @@ class Preprocessing(Node):
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return PreprocessingSession(self, session)
+
+    def keep_warm(self):
+        """The log-mel features of 0.3 s of silence (what a spoken turn starts with)."""
+        omni, silence = self.omni, np.zeros(4800, np.float32)
+        return lambda: build_turn_inputs(omni, role="user", audio=silence, add_generation_prompt=True)
 
 
 class PreprocessingSession(NodeSession):

@@ -112,6 +112,13 @@ class TalkerNode(Node):
             ),
         )
 
+    def keep_warm(self):
+        """The talker's decoder layers over 8 positions (no cache kept)."""
+        model = self.model
+        assert model is not None
+        embeds = model.text_embeds(torch.full((8,), model.tts_pad_id, dtype=torch.long, device=model.device)).unsqueeze(0)
+        return torch.inference_mode()(lambda: model.talker.model(inputs_embeds=embeds, use_cache=False))
+
     def open_session(self, session: SessionInfo) -> NodeSession:
         state = TalkerSession(self, session)
         self.sessions[session.session_id] = state

@@ -137,6 +137,14 @@ class Thinker(Node):
     def open_session(self, session: SessionInfo) -> NodeSession:
         return ThinkerNodeSession(self, session)
 
+    def keep_warm(self):
+        """The thinker's decoder layers over 8 padding tokens (no cache kept)."""
+        import torch
+
+        text = self.omni.thinker.model
+        ids = torch.full((1, 8), self.omni.tokens.newline, dtype=torch.long, device=self.omni.device)
+        return torch.inference_mode()(lambda: text(input_ids=ids, use_cache=False))
+
 
 class ThinkerNodeSession(NodeSession):
     node: Thinker

@@ -129,6 +129,18 @@ class TextSource(Node):
         return NodeSession(self, session)
 
 
+@register_node("test.warm_relay")
+class WarmRelay(Relay):
+    """A relay with a keep-warm unit that counts its runs (and the thread they ran on)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.warmed: list[str] = []
+
+    def keep_warm(self):
+        return lambda: self.warmed.append(threading.current_thread().name)
+
+
 def chunk(ms: float, turn_id: int = -1) -> Message:
     return AudioChunk(samples=np.zeros(160, dtype=np.float32), sample_rate=16000, media_ms=ms, turn_id=turn_id)
 

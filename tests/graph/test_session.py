@@ -1,6 +1,7 @@
 """The per-session runtime: instances, backpressure, controls, failure isolation, compute off-loop."""
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -260,4 +261,53 @@ async def test_a_session_opens_only_the_nodes_its_inputs_reach():
         with pytest.raises(ValueError, match="no input 'nope'"):
             await runtime.open_session("bad", inputs=("nope",))
     finally:
+        await runtime.stop()
+
+
+async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is_open():
+    profile = relay_sink_profile()
+    profile["nodes"]["relay"]["type"] = "test.warm_relay"
+    profile["compute"] = {"keep_warm_ms": 10}
+    runtime = GraphRuntime.from_config(profile, inline_compute=True)
+    await runtime.start()
+    relay = runtime.nodes["relay"]
+    try:
+        await asyncio.sleep(0.1)
+        assert relay.warmed == []  # no session: nothing to keep warm for
+        session = await runtime.open_session("live")
+        async with asyncio.timeout(5):
+            while len(relay.warmed) < 3:
+                await asyncio.sleep(0.01)
+        await session.close("client_closed")
+        await asyncio.sleep(0.05)
+        warmed = len(relay.warmed)
+        await asyncio.sleep(0.1)
+        assert len(relay.warmed) == warmed  # the session ended: warming stopped
+    finally:
+        await runtime.stop()
+    assert runtime._warmer is not None and runtime._warmer.done()
+
+
+async def test_keeping_warm_waits_while_the_compute_has_other_work():
+    profile = relay_sink_profile()
+    profile["nodes"]["relay"]["type"] = "test.warm_relay"
+    profile["compute"] = {"keep_warm_ms": 10}
+    runtime = GraphRuntime.from_config(profile)
+    await runtime.start()
+    relay = runtime.nodes["relay"]
+    gate = threading.Event()
+    try:
+        await runtime.open_session("live")
+        queued = [asyncio.ensure_future(runtime.compute.run(gate.wait, 10)) for _ in range(2)]  # one runs, one waits
+        await asyncio.sleep(0.05)
+        before = len(relay.warmed)
+        await asyncio.sleep(0.1)
+        assert len(relay.warmed) == before  # work was waiting all along
+        gate.set()
+        await asyncio.gather(*queued)
+        async with asyncio.timeout(5):
+            while len(relay.warmed) == before:
+                await asyncio.sleep(0.01)
+    finally:
+        gate.set()
         await runtime.stop()

@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from graph.runtime import GraphRuntime
-from graph.spec import GraphConfigError
+from graph.spec import GraphConfigError, parse_spec
 from tests.graph.fakes import relay_sink_profile
 
 
@@ -70,6 +70,17 @@ def test_malformed_edge_and_unknown_limit_are_named():
     profile["limits"]["max_sesions"] = 3
     error = rejected(profile)
     assert error.key == "limits" and "max_sesions" in str(error)
+
+
+def test_keep_warm_ms_is_a_positive_number_of_milliseconds_or_null():
+    profile = relay_sink_profile()
+    profile["compute"] = {"keep_warm_ms": 150}
+    assert parse_spec(profile).compute_keep_warm_s == 0.15
+    profile["compute"] = {"keep_warm_ms": None}
+    assert parse_spec(profile).compute_keep_warm_s is None
+    for bad in (0, -5, "fast", True):
+        profile["compute"] = {"keep_warm_ms": bad}
+        assert rejected(profile).key == "compute.keep_warm_ms"
 
 
 def test_unknown_input_and_output_ports_are_named():

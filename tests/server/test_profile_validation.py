@@ -51,7 +51,7 @@ def test_bad_speech_and_realtime_keys_are_one_line_each(embedded):
         "speech.voice_policy: 'never' is not allowed (allowed: overwrite, immutable)"
     ]
     [line] = errors_with(embedded, realtime={"max_output_buffer": 10})
-    assert line.startswith("realtime.max_output_buffer: unknown key (known: close_timeout_s, max_append_chars")
+    assert line.startswith("realtime.max_output_buffer: unknown key (known: close_timeout_s, compat, max_append_chars")
 
 
 def test_every_node_and_resource_params_are_typed(embedded):
