@@ -105,6 +105,7 @@ class ComputePool:
         if threads < 0:
             raise ValueError("a compute pool needs zero (inline) or more threads")
         self._calls: list[_Entry] = []
+        self.busy_s = 0.0  # seconds units have run, all workers together
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
@@ -236,6 +237,7 @@ class ComputePool:
             return None
 
     def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
         if batcher is None:
             _call(batch[0])
         else:
@@ -243,6 +245,7 @@ class ComputePool:
             with self._ready:
                 batcher._running = False
                 self._ready.notify_all()  # its queued items may be the most urgent now
+        self.busy_s += time.perf_counter() - started
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
         # keep the batch, and through it the callers' arguments, alive.
         del batch

@@ -33,6 +33,9 @@ log = logging.getLogger("graph.runtime")
 
 SESSION_KINDS = ("realtime", "speech")
 
+# Keep-warm runs only on an engine whose compute was busy less than this share of the last interval.
+KEEP_WARM_MAX_BUSY = 0.25
+
 
 class GraphRuntime:
     def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, inline_compute: bool = False):
@@ -91,9 +94,14 @@ class GraphRuntime:
         every `interval_s`. After a few seconds of other work (or none), a CPU has evicted what a
         turn's first stages touch: on the 2-vCPU development VM a 1 ms feature extraction took
         10-45 ms after 2 s idle, and one session's first audio went from ~22 ms to ~55 ms. Under
-        load the stages run all the time and this never runs (nothing is ever idle)."""
+        load the stages run all the time and this does not run: only while the compute was busy
+        less than `KEEP_WARM_MAX_BUSY` of the last interval (one session's VAD is ~2%)."""
+        busy_before = self.compute.busy_s
         while True:
             await asyncio.sleep(interval_s)
+            busy, busy_before = self.compute.busy_s - busy_before, self.compute.busy_s
+            if busy > KEEP_WARM_MAX_BUSY * interval_s:
+                continue  # a busy engine's stages are warm already, and it needs the CPU
             if not any(session.kind == "realtime" for session in self.sessions.values()):
                 continue
             for unit in units:

@@ -311,3 +311,36 @@ async def test_keeping_warm_waits_while_the_compute_has_other_work():
     finally:
         gate.set()
         await runtime.stop()
+
+
+async def test_a_busy_engine_is_not_kept_warm():
+    profile = relay_sink_profile()
+    profile["nodes"]["relay"]["type"] = "test.warm_relay"
+    profile["compute"] = {"keep_warm_ms": 10}
+    runtime = GraphRuntime.from_config(profile, inline_compute=True)
+    await runtime.start()
+    relay = runtime.nodes["relay"]
+    busy = True
+
+    async def load():
+        while busy:
+            await runtime.compute.run(time.sleep, 0.004)  # the loop's own thread: busy most of the time
+
+    try:
+        await runtime.open_session("live")
+        async with asyncio.timeout(5):
+            while not relay.warmed:
+                await asyncio.sleep(0.01)
+        loader = asyncio.create_task(load())
+        await asyncio.sleep(0.05)
+        before = len(relay.warmed)
+        await asyncio.sleep(0.3)
+        assert len(relay.warmed) == before
+        busy = False
+        await loader
+        async with asyncio.timeout(5):
+            while len(relay.warmed) == before:
+                await asyncio.sleep(0.01)
+    finally:
+        busy = False
+        await runtime.stop()
