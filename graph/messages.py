@@ -2,7 +2,11 @@
 
 Data messages travel on bounded edges in order. Controls (`Interrupt`, `Truncate`, `Close`)
 travel beside them and overtake queued data: the runtime hands a control to every node of the
-session at once and drops queued data of the turn it cancels.
+session at once and drops queued data of the turn it cancels. A transport's instructions to a
+node are typed data messages too, one class per instruction under the `Command` base
+(`Configure`, `Commit`, `Clear`, `AddItem`, `DeleteItem`, `CreateResponse`, `ReplyDone`,
+`InputEnd`): they ride the input path in order with the audio, and nodes forward those they do
+not act on.
 
 Audio is carried as numpy arrays (never base64 or bytes inside the graph): input audio is
 float32 mono at the rate named in the message, output audio is float32 mono at 24 kHz.
@@ -258,16 +262,81 @@ class Close(Control, kw_only=True):
 
 
 class Command(Message, kw_only=True):
-    """A transport's instruction to a node (`commit`, `clear`, `configure`, `create_response`...).
+    """Base of a transport's instructions to a node: one subclass per instruction, below.
 
     Commands are data, not controls: they travel the input path in order with the audio, so a
-    `commit` sent after some appends always sees those appends. Nodes forward the commands they
-    do not act on. `target` names the node type that should act on it.
+    `Commit` sent after some appends always sees those appends. Nodes forward the commands they
+    do not act on. `target` names the node type that should act on it (the dialog by default,
+    except for `Configure`, which names its node). An interrupt never drops a queued command (graph/session.py).
     """
 
     target: str
-    name: str
-    args: dict[str, Any] = {}
+
+
+class Configure(Command, kw_only=True):
+    """The session's graph config (the protocol's `graph_config()`: `turn_detection`,
+    `instructions`, `tools`, `auto_reply`, `transcription`...), for the node `target` names."""
+
+    config: dict[str, Any]
+
+
+class Commit(Command, kw_only=True):
+    """End the utterance buffered so far and make it a turn (`input_audio_buffer.commit`)."""
+
+    target: str = "dialog"
+
+
+class Clear(Command, kw_only=True):
+    """Drop the utterance buffered so far (`input_audio_buffer.clear`)."""
+
+    target: str = "dialog"
+
+
+class AddItem(Command, kw_only=True):
+    """A client-created conversation item (or one replayed on resume), for the model's history.
+
+    `audio` is float32 mono at `sample_rate` (the dialog resamples it to 16 kHz); `call` is a
+    function call ({name, arguments}) with role "assistant"; role "tool" carries a function's
+    output in `text`. `insert_after` as `Turn.insert_after` (None: at the end).
+    """
+
+    target: str = "dialog"
+    item_id: str
+    role: str
+    text: str | None = None
+    call: dict[str, Any] | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int = 16000
+    images: tuple[bytes, ...] = ()
+    insert_after: list[str] | None = None
+
+
+class DeleteItem(Command, kw_only=True):
+    """Remove an item from the model's history: a reply's item by its `response_id`, else by `item_id`."""
+
+    target: str = "dialog"
+    item_id: str
+    response_id: str | None = None
+
+
+class CreateResponse(Command, kw_only=True):
+    """Answer now, over everything the conversation holds (`response.create`)."""
+
+    target: str = "dialog"
+    reply: ReplyParams
+
+
+class ReplyDone(Command, kw_only=True):
+    """The transport is done with reply `response_id` (it no longer counts as open)."""
+
+    target: str = "dialog"
+    response_id: str
+
+
+class InputEnd(Command, kw_only=True):
+    """The client's input audio ended: what is left of the utterance becomes a last turn."""
+
+    target: str = "dialog"
 
 
 DATA_TYPES: dict[str, type[Message]] = {
@@ -288,6 +357,13 @@ DATA_TYPES: dict[str, type[Message]] = {
         AudioOut,
         TurnDone,
         NodeEvent,
-        Command,
+        Configure,
+        Commit,
+        Clear,
+        AddItem,
+        DeleteItem,
+        CreateResponse,
+        ReplyDone,
+        InputEnd,
     )
 }

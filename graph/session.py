@@ -26,7 +26,7 @@ from graph.background import spawn
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
 from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority, current_release
-from graph.messages import AudioChunk, AudioOut, Close, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
+from graph.messages import AudioChunk, AudioOut, Close, Command, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
 from graph.spec import GraphSpec, Port
@@ -34,8 +34,8 @@ from graph.spec import GraphSpec, Port
 log = logging.getLogger("graph.session")
 
 # Messages that report on a turn are never purged by an interrupt: the client must still learn
-# how the turn ended.
-_NEVER_PURGED = (TurnDone, NodeEvent)
+# how the turn ended. Nor are the transport's commands (a `ReplyDone` names the reply it ends).
+_NEVER_PURGED = (TurnDone, NodeEvent, Command)
 
 
 # Before a reply's first audio: how much later each stage further from the listener is due.

@@ -12,7 +12,7 @@ id, input) for one of its inputs), and the tallies ride out with the next frame 
 per stream, so neither side's buffers grow with a slow reader.
 
 Pickle, not a schema codec: both ends are this program (the engine is our own child process),
-and graph messages carry numpy arrays and nested msgspec structs (`Command.args` holds a
+and graph messages carry numpy arrays and nested msgspec structs (`CreateResponse.reply` is a
 `ReplyParams`) that must arrive as the same types. Protocol 5 pickles arrays without copies.
 """
 

@@ -1,11 +1,12 @@
 """Dialog: turns the input stream into the conversation's turns.
 
 Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechStopped`,
-`ImageFrame`s and the transport's `Command`s. Output:
+`ImageFrame`s and the transport's commands (graph/messages.py: `Configure`, `Commit`, `Clear`,
+`AddItem`, `DeleteItem`, `CreateResponse`, `ReplyDone`, `InputEnd`), dispatched by type. Output:
 - `turns`: `Turn`s for the model, each with a turn id this node allocates (the one counter of the
   session, so controls can name a turn): user utterances (16 kHz float32 audio plus the newest
-  `max_utterance_frames` images that fell in it), client-created items (`add_item`, with
-  `insert_after` when not at the end), deletions (`delete_item`: a `Turn` with `delete_key`),
+  `max_utterance_frames` images that fell in it), client-created items (`AddItem`, with
+  `insert_after` when not at the end), deletions (`DeleteItem`: a `Turn` with `delete_key`),
   and reply requests;
 - `events`: `NodeEvent`s for the transport (`speech_started`, `speech_stopped`, `committed`,
   `cleared`, `timeout_triggered`, `turn_queued`, `input_ended`, `error`).
@@ -17,8 +18,8 @@ A sound that starts while a reply is open is not a turn until the VAD confirms i
 plays the audio itself holds it), and `sound_dismissed` when it ends short (a cough). Confirmed,
 it becomes a turn whose `speech_started` carries the sound's true start.
 The reply side is the transport's decision: it answers a committed utterance with a
-`create_response` command when it wants a reply, except for automatic replies (server VAD with
-`create_response`, or `input_end`): the transport gives their `ReplyParams` in the config
+`CreateResponse` command when it wants a reply, except for automatic replies (server VAD with
+`create_response`, or `InputEnd`): the transport gives their `ReplyParams` in the config
 (`auto_reply`), and the commit makes them itself — the utterance's `Turn` carries the reply (one
 turn through preprocessing, the encoders and one thinker prefill, with no round trip through the
 transport) and the `committed` event names it (`response_id`). When the
@@ -45,13 +46,21 @@ import numpy as np
 import soxr
 
 from graph.messages import (
+    AddItem,
     AudioChunk,
+    Clear,
     Command,
+    Commit,
+    Configure,
     Control,
+    CreateResponse,
+    DeleteItem,
     ImageFrame,
+    InputEnd,
     Interrupt,
     Message,
     NodeEvent,
+    ReplyDone,
     ReplyParams,
     SpeechDismissed,
     SpeechStarted,
@@ -93,7 +102,7 @@ class DialogSession(NodeSession):
         self.instructions: str | None = None
         self.tools: tuple[dict[str, Any], ...] = ()  # the session's function tools (part of its system prompt)
         # The reply an automatic commit gets (`ReplyParams` without an id; None: the transport
-        # sends `create_response` itself, as for any other reply).
+        # sends `CreateResponse` itself, as for any other reply).
         self.auto_reply: ReplyParams | None = None
         self.vad: dict[str, Any] | None = {}
         self.transcription: dict[str, Any] | None = None  # committed audio gets a transcript (Turn.transcribe)
@@ -223,60 +232,59 @@ class DialogSession(NodeSession):
     # ------------------------------------------------------------------ commands
 
     async def _command(self, command: Command, emit) -> None:
-        args = command.args
-        if command.name == "configure":
+        if isinstance(command, Configure):
             was_manual = self.vad is None
-            self._configure(args)
+            self._configure(command.config)
             if was_manual != (self.vad is None):
                 self._reset_utterance()
-        elif command.name == "commit":
+        elif isinstance(command, Commit):
             if await self._commit(emit, auto_reply=False):
                 self.speaking = False  # a commit ends the utterance; speech goes on only after the next start
-        elif command.name == "clear":
+        elif isinstance(command, Clear):
             self._reset_utterance()
             self.ring.clear()
             self.speaking = False
             await emit("events", NodeEvent(kind="cleared"))
-        elif command.name == "add_item":
-            audio = args.get("audio")
-            if audio is not None and args.get("sample_rate", RATE) != RATE:
-                audio = soxr.resample(np.asarray(audio, np.float32), args["sample_rate"], RATE, quality="HQ")
+        elif isinstance(command, AddItem):
+            audio = command.audio
+            if audio is not None and command.sample_rate != RATE:
+                audio = soxr.resample(np.asarray(audio, np.float32), command.sample_rate, RATE, quality="HQ")
             await emit(
                 "turns",
                 Turn(
                     turn_id=self._next_turn(),
-                    item_id=args["item_id"],
-                    role=args["role"],
-                    text=args.get("text"),
-                    call=args.get("call"),
+                    item_id=command.item_id,
+                    role=command.role,
+                    text=command.text,
+                    call=command.call,
                     audio=audio,
-                    images=list(args.get("images", [])),
+                    images=list(command.images),
                     instructions=self.instructions,
                     tools=self.tools,
                     media_ms=self.now_ms,
-                    insert_after=args.get("insert_after"),
+                    insert_after=command.insert_after,
                 ),
             )
-        elif command.name == "delete_item":
+        elif isinstance(command, DeleteItem):
             # The model forgets the item too: a reply's item by its response id (thinker_history.py).
             await emit(
                 "turns",
                 Turn(
                     turn_id=self._next_turn(),
-                    item_id=args["item_id"],
-                    delete_key=args.get("response_id") or args["item_id"],
+                    item_id=command.item_id,
+                    delete_key=command.response_id or command.item_id,
                     instructions=self.instructions,
                     tools=self.tools,
                     media_ms=self.now_ms,
                 ),
             )
-        elif command.name == "create_response":
-            await self._create_response(args["reply"], emit)
-        elif command.name == "reply_done":
-            self.open_replies.discard(args["response_id"])
-            self.cancelled.discard(args["response_id"])
+        elif isinstance(command, CreateResponse):
+            await self._create_response(command.reply, emit)
+        elif isinstance(command, ReplyDone):
+            self.open_replies.discard(command.response_id)
+            self.cancelled.discard(command.response_id)
             self.idle_since_ms = self.now_ms
-        elif command.name == "input_end":
+        elif isinstance(command, InputEnd):
             # What is left of the input becomes a last turn (less than 100 ms is dropped quietly).
             if self.utterance_ms >= MIN_COMMIT_MS and (self.speaking or self.vad is None):
                 if self.speaking:
@@ -285,7 +293,7 @@ class DialogSession(NodeSession):
             self.speaking = False
             await emit("events", NodeEvent(kind="input_ended", fields={"audio_end_ms": self.now_ms}))
 
-    async def _create_response(self, reply, emit) -> None:
+    async def _create_response(self, reply: ReplyParams, emit) -> None:
         if reply.response_id in self.cancelled:
             return
         if len(self.open_replies) > self.node.max_queued_turns:
@@ -319,7 +327,7 @@ class DialogSession(NodeSession):
         turn_id = self._next_turn()
         awaited = auto_reply and bool((self.vad or {}).get("create_response", True))
         # The automatic reply goes with its utterance, as one turn (one prefill); when the queue
-        # of replies is full, the transport's `create_response` meets the refusal instead.
+        # of replies is full, the transport's `CreateResponse` meets the refusal instead.
         reply = None
         if awaited and self.auto_reply is not None and len(self.open_replies) <= self.node.max_queued_turns:
             reply = msgspec.structs.replace(self.auto_reply, response_id=_response_id())
@@ -368,7 +376,7 @@ class DialogSession(NodeSession):
 
     def on_control(self, control: Control) -> None:
         if isinstance(control, Interrupt) and control.response_id:
-            # A reply cancelled before its create_response command got here is never asked for.
+            # A reply cancelled before its `CreateResponse` got here is never asked for.
             if control.response_id not in self.open_replies:
                 self.cancelled.add(control.response_id)
 

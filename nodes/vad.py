@@ -13,7 +13,7 @@ server (`AudioChunk.received_at`), so a session that fell behind catches up ahea
 
 Output, in input order: each 16 kHz window as an `AudioChunk`, a `SpeechStarted` /
 `SpeechStopped` right after the window that decided it, and `ImageFrame` / `Command` messages
-forwarded where they arrived. `Command(target="silero_vad", name="configure")` updates the
+forwarded where they arrived. `Configure(target="silero_vad")` updates the
 thresholds (`turn_detection` of the session config; `None` switches detection off: manual
 commits, audio is still resampled and forwarded).
 
@@ -48,7 +48,7 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
-from graph.messages import AudioChunk, Command, ImageFrame, Message, SpeechDismissed, SpeechStarted, SpeechStopped
+from graph.messages import AudioChunk, Command, Commit, Configure, ImageFrame, InputEnd, Message, SpeechDismissed, SpeechStarted, SpeechStopped
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes import smart_turn
@@ -166,12 +166,12 @@ class VadSession(NodeSession):
         if isinstance(message, AudioChunk):
             await self._audio(message, emit)
         elif isinstance(message, Command) and message.target == "silero_vad":
-            if message.name == "configure":
-                self.settings = VadSettings.from_config(message.args.get("turn_detection"))
+            if isinstance(message, Configure):
+                self.settings = VadSettings.from_config(message.config.get("turn_detection"))
                 if self.settings is None:
                     self.speaking = False
         else:
-            if isinstance(message, Command) and message.name in ("commit", "input_end"):
+            if isinstance(message, (Commit, InputEnd)):
                 await self._flush_partial(emit)
             await emit("events", message)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from graph.messages import Usage
+from graph.messages import AddItem, Usage
 from session_server.realtime import events as ev
 from session_server.realtime.audio_formats import AudioFormat, InvalidAudio, decode
 from session_server.realtime.events import RealtimeError
@@ -107,8 +107,8 @@ def response_wire(
     }
 
 
-def item_content(item: ev.ItemParam, input_format: AudioFormat) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Graph arguments and wire content of a client-created message item."""
+def item_content(item: ev.ItemParam, item_id: str, input_format: AudioFormat) -> tuple[AddItem, list[dict[str, Any]]]:
+    """The dialog's `AddItem` and the wire content of a client-created message item."""
     texts: list[str] = []
     audio = []
     images: list[bytes] = []
@@ -137,11 +137,11 @@ def item_content(item: ev.ItemParam, input_format: AudioFormat) -> tuple[dict[st
                 raise RealtimeError("invalid_image", "input_image needs a base64 data URL (data:image/png;base64,...).", f"{param}.image_url")
             images.append(decode_base64(url.split(";base64,", 1)[1], f"{param}.image_url"))
             content.append({"type": "input_image", "image_url": None, "detail": part.detail or "auto"})
-    args: dict[str, Any] = {"text": "\n".join(texts) if texts else None, "images": images}
+    command = AddItem(item_id=item_id, role=item.role or "user", text="\n".join(texts) if texts else None, images=tuple(images))
     if audio:
-        args["audio"] = np.concatenate(audio)
-        args["sample_rate"] = input_format.rate
-    return args, content
+        command.audio = np.concatenate(audio)
+        command.sample_rate = input_format.rate
+    return command, content
 
 
 def decode_base64(text: str, param: str) -> bytes:

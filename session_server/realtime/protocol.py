@@ -11,8 +11,8 @@ A transport adapter (WebSocket today, a WebRTC data channel next) feeds it what 
 
 and gets back a list of actions to carry out, in order: `SendEvent` (a server event for the
 client), `SendAudio` (reply audio for a media track, when built with `audio_deltas=False`),
-`SendToGraph` (a message for the graph's `audio` input: audio, images and commands stay
-in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an
+`SendToGraph` (a message for the graph's `audio` input: audio, images and the typed commands
+of graph/messages.py (`Configure`, `Commit`, `AddItem`, `CreateResponse`...) stay in order; an automatic reply goes to `reply_input`, see `_committed`), `ControlGraph` (an
 Interrupt/Truncate that overtakes data), `HoldPlayback` (a sound during a reply, not yet a
 turn: a transport that plays the audio itself pauses it, and resumes it if the sound ends short)
 and `CloseSession`.
@@ -22,7 +22,7 @@ Who decides what:
 - the `dialog` node owns utterances (VAD turns, commits, clears) and turn ids; it reports them
   as `NodeEvent`s (`speech_started`, `committed`, `turn_queued`...);
 - this protocol owns the conversation (items, `previous_item_id` links; an item deleted, or
-  created before the end, goes to the model as a dialog `delete_item` / `add_item` with
+  created before the end, goes to the model as a dialog `DeleteItem` / `AddItem` with
   `insert_after`, and the thinker rebuilds its KV from there), responses and their
   lifecycle, barge-in (a `speech_started` during a reply cancels it when `interrupt_response`),
   and every client-facing error;
@@ -59,15 +59,22 @@ from typing import Any
 import msgspec
 
 from graph.messages import (
+    AddItem,
     AudioChunk,
     AudioOut,
-    Command,
+    Clear,
+    Commit,
+    Configure,
     Control,
+    CreateResponse,
+    DeleteItem,
     FunctionCall,
     ImageFrame,
+    InputEnd,
     Interrupt,
     Message,
     NodeEvent,
+    ReplyDone,
     ReplyParams,
     TextDelta,
     Truncate,
@@ -270,7 +277,7 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ entry points
 
     def graph_config(self) -> dict[str, Any]:
-        """The session config nodes start with (`SessionInfo.config`), and what every `configure`
+        """The session config nodes start with (`SessionInfo.config`), and what every `Configure`
         command carries: `SessionConfig.to_graph()` plus `auto_reply`, the reply an automatic
         commit gets (None: none, a transcription session). The dialog makes that reply with the
         commit itself, as one turn — the utterance and its reply request go through preprocessing,
@@ -407,8 +414,8 @@ class RealtimeProtocol:
         self.negotiation.observe_update(event.session)
         self.config = self._sglang_input_default(config)
         graph = self.graph_config()
-        self._to_graph(Command(target="silero_vad", name="configure", args=graph))
-        self._to_graph(Command(target="dialog", name="configure", args=graph))
+        self._to_graph(Configure(target="silero_vad", config=graph))
+        self._to_graph(Configure(target="dialog", config=graph))
         self._send("session.updated", client_event_id=event.event_id, session=self._session_wire())
 
     def _on_SessionClose(self, event: ev.SessionClose) -> None:
@@ -471,10 +478,10 @@ class RealtimeProtocol:
             self._input_ms += len(samples) * 1000.0 / sample_rate
 
     def _on_InputAudioBufferCommit(self, event: ev.InputAudioBufferCommit) -> None:
-        self._to_graph(Command(target="dialog", name="commit"))
+        self._to_graph(Commit())
 
     def _on_InputAudioBufferClear(self, event: ev.InputAudioBufferClear) -> None:
-        self._to_graph(Command(target="dialog", name="clear"))
+        self._to_graph(Clear())
 
     def _on_OutputAudioBufferClear(self, event: ev.OutputAudioBufferClear) -> None:
         active = self._active()
@@ -492,16 +499,16 @@ class RealtimeProtocol:
         position = self._insert_position(event.previous_item_id)
         item_id = item.id or new_id("item")
         if item.type == "message":
-            args, content = item_content(item, self.config.input_format)
-            graph_args, added = {"item_id": item_id, "role": item.role, **args}, Item(item_id, item.role, content)
+            command, content = item_content(item, item_id, self.config.input_format)
+            added = Item(item_id, item.role, content)
         else:
-            graph_args, added = self._function_item(item, item_id)
-        check_text(graph_args.get("text"), self._bounds.max_text_tokens, "item.content")
-        for image in graph_args.get("images", ()):
+            command, added = self._function_item(item, item_id)
+        check_text(command.text, self._bounds.max_text_tokens, "item.content")
+        for image in command.images:
             check_image(image, self._bounds.max_image_pixels, "item.content")
         if position is not None:  # the model's history is rebuilt from there
-            graph_args["insert_after"] = [history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
-        self._to_graph(Command(target="dialog", name="add_item", args=graph_args))
+            command.insert_after = [history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
+        self._to_graph(command)
         self._turns_processed = True
         self._add_item(added, at=position)
 
@@ -517,16 +524,16 @@ class RealtimeProtocol:
             raise RealtimeError("item_not_found", f"Item {previous_item_id!r} does not exist in the conversation.", "previous_item_id")
         return keys.index(previous_item_id) + 1
 
-    def _function_item(self, item: ev.ItemParam, item_id: str) -> tuple[dict[str, Any], Item]:
+    def _function_item(self, item: ev.ItemParam, item_id: str) -> tuple[AddItem, Item]:
         """A `function_call_output` (a function's result for the model) or a `function_call` the
-        client adds itself: the graph arguments of the turn and the conversation item."""
+        client adds itself: the dialog's `AddItem` and the conversation item."""
         if not item.call_id:
             raise RealtimeError("missing_required_parameter", f"A {item.type} item needs a `call_id`.", "item.call_id")
         if item.type == "function_call_output":
             if item.output is None:
                 raise RealtimeError("missing_required_parameter", "A function_call_output item needs an `output`.", "item.output")
             added = Item(item_id, "tool", [], type=item.type, call_id=item.call_id, output=item.output)
-            return {"item_id": item_id, "role": "tool", "text": item.output}, added
+            return AddItem(item_id=item_id, role="tool", text=item.output), added
         if not item.name:
             raise RealtimeError("missing_required_parameter", "A function_call item needs a `name`.", "item.name")
         arguments = item.arguments or "{}"
@@ -535,7 +542,7 @@ class RealtimeProtocol:
         except (ValueError, RecursionError):
             raise RealtimeError("invalid_value", "`arguments` must be JSON text.", "item.arguments") from None
         added = Item(item_id, "assistant", [], type=item.type, call_id=item.call_id, name=item.name, arguments=arguments)
-        return {"item_id": item_id, "role": "assistant", "call": {"name": item.name, "arguments": arguments}}, added
+        return AddItem(item_id=item_id, role="assistant", call={"name": item.name, "arguments": arguments}), added
 
     def _on_ConversationItemTruncate(self, event: ev.ConversationItemTruncate) -> None:
         item = self._item(event.item_id)
@@ -565,7 +572,7 @@ class RealtimeProtocol:
         item = self._item(event.item_id)
         del self.items[event.item_id]
         # The model forgets it too (its KV is rebuilt from there, in order with the turns).
-        self._to_graph(Command(target="dialog", name="delete_item", args={"item_id": item.id, "response_id": item.response_id}))
+        self._to_graph(DeleteItem(item_id=item.id, response_id=item.response_id))
         self._send("conversation.item.deleted", item_id=event.item_id)
 
     def _on_ConversationItemRetrieve(self, event: ev.ConversationItemRetrieve) -> None:
@@ -602,7 +609,7 @@ class RealtimeProtocol:
             raise RealtimeError("input_audio_ended", "Input audio was already ended.")
         self._input_ended = True
         self._end_event_id = event.event_id
-        self._to_graph(Command(target="dialog", name="input_end"))
+        self._to_graph(InputEnd())
 
     @property
     def _bounds(self) -> ServedModel:
@@ -785,7 +792,7 @@ class RealtimeProtocol:
         response = Response(new_id("resp"), settings)
         self._turns_processed = True
         reply = _reply_params(response.id, settings)
-        self._to_graph(Command(target="dialog", name="create_response", args={"reply": reply}), graph_input)
+        self._to_graph(CreateResponse(reply=reply), graph_input)
         self._queue(response)
         return response
 
@@ -805,7 +812,7 @@ class RealtimeProtocol:
         if state is ResponseState.DONE:
             self.responses.pop(response.id, None)
             self._done.append(response.id)
-            self._to_graph(Command(target="dialog", name="reply_done", args={"response_id": response.id}))
+            self._to_graph(ReplyDone(response_id=response.id))
 
     def _start(self, response: Response) -> None:
         self._advance(response, ResponseState.IN_PROGRESS)

@@ -6,7 +6,7 @@ Sans-I/O helpers over a `RealtimeProtocol`; `resume.py` decides when they run.
   model's facts, which the serving replica fills in), what its client negotiated, and its
   conversation items. JSON-able and small: user audio is not kept.
 - `restore(protocol, snapshot)`: the same session (its dialect too, when its client chose one) in
-  a fresh protocol, plus the dialog `add_item` commands that replay the conversation into a new graph session (the KV is rebuilt by prefill
+  a fresh protocol, plus the dialog `AddItem` commands that replay the conversation into a new graph session (the KV is rebuilt by prefill
   at the next turn). Each item goes to the model as text: typed text as it was, an audio item as
   its transcript (user audio is transcribed only when the session asked for transcription: an
   untranscribed user audio item stays in the conversation, but the rebuilt model history lacks
@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from graph.messages import Command
+from graph.messages import AddItem
 from session_server.realtime.conversation import Item
 from session_server.realtime.protocol import Action, RealtimeProtocol, SendToGraph, history_key
 from session_server.realtime.session_config import SessionConfig
@@ -53,19 +53,19 @@ def restore(protocol: RealtimeProtocol, snapshot: dict[str, Any]) -> list[SendTo
                   [Item(**fields) for fields in snapshot["items"]], snapshot.get("dialect"))
     replay = []
     for item in protocol.items.values():
-        args = _replay_args(item)
-        if args is not None:
-            replay.append(SendToGraph(Command(target="dialog", name="add_item", args=args)))
+        command = _replay_command(item)
+        if command is not None:
+            replay.append(SendToGraph(command))
     return replay
 
 
-def _replay_args(item: Item) -> dict[str, Any] | None:
+def _replay_command(item: Item) -> AddItem | None:
     key = history_key(item)  # a reply's item by its response id, as the model's history names it
     if item.type == "function_call":
-        return {"item_id": key, "role": "assistant", "call": {"name": item.name, "arguments": item.arguments or "{}"}}
+        return AddItem(item_id=key, role="assistant", call={"name": item.name, "arguments": item.arguments or "{}"})
     if item.type == "function_call_output":
-        return {"item_id": key, "role": "tool", "text": item.output or ""}
+        return AddItem(item_id=key, role="tool", text=item.output or "")
     texts = [part.get("text") or part.get("transcript") or "" for part in item.content]
     text = "\n".join(t for t in texts if t)
-    return {"item_id": key, "role": item.role, "text": text} if text else None
+    return AddItem(item_id=key, role=item.role, text=text) if text else None
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from graph.messages import Command, FunctionCall, TextDelta, TurnDone, Usage
+from graph.messages import (
+    AddItem,
+    CreateResponse,
+    FunctionCall,
+    TextDelta,
+    TurnDone,
+    Usage,
+)
 from session_server.realtime.protocol import RealtimeProtocol, SendEvent, SendToGraph
 from session_server.realtime.session_config import ServedModel
 
@@ -40,8 +47,8 @@ def response_of(actions) -> dict:
     return next(e["response"] for e in events(actions) if e["type"] == "response.created")
 
 
-def reply_command(actions) -> Command:
-    (command,) = [a.message for a in actions if isinstance(a, SendToGraph) and a.message.name == "create_response"]
+def reply_command(actions) -> CreateResponse:
+    (command,) = [a.message for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, CreateResponse)]
     return command
 
 
@@ -56,8 +63,8 @@ def test_tools_are_accepted_echoed_and_reach_the_reply():
     assert session["tools"] == [WEATHER]
     assert session["tool_choice"] == "auto"
     configure = [a.message for a in actions if isinstance(a, SendToGraph) and a.message.target == "dialog"][0]
-    assert configure.args["tools"] == [WEATHER]
-    reply = reply_command(send(protocol, type="response.create", response={"tool_choice": {"type": "function", "name": "get_weather"}})).args["reply"]
+    assert configure.config["tools"] == [WEATHER]
+    reply = reply_command(send(protocol, type="response.create", response={"tool_choice": {"type": "function", "name": "get_weather"}})).reply
     assert reply.tools == (WEATHER,)
     assert reply.tool_choice == {"type": "function", "name": "get_weather"}
 
@@ -98,7 +105,7 @@ def test_a_forced_call_is_a_function_call_item_with_ga_events_and_no_message():
     assert retrieved["item"]["name"] == "get_weather"
     actions = send(protocol, type="conversation.item.create", item={"type": "function_call_output", "call_id": call_id, "output": '{"temp_c": 21}'})
     (command,) = [a.message for a in actions if isinstance(a, SendToGraph)]
-    assert (command.name, command.args["role"], command.args["text"]) == ("add_item", "tool", '{"temp_c": 21}')
+    assert isinstance(command, AddItem) and (command.role, command.text) == ("tool", '{"temp_c": 21}')
     added = events(actions)[0]
     assert added["item"]["type"] == "function_call_output" and added["previous_item_id"] == retrieved["item"]["id"]
 
@@ -138,7 +145,7 @@ def test_the_voice_and_the_reply_cap_in_force_are_what_the_session_says():
     assert (session["audio"]["output"]["voice"], session["max_output_tokens"]) == ("ethan", 8)
     session = events(send(protocol, type="session.update", session={"audio": {"output": {"voice": "Chelsie"}}, "max_output_tokens": "inf"}))[-1]["session"]
     assert (session["audio"]["output"]["voice"], session["max_output_tokens"]) == ("chelsie", 16)
-    reply = reply_command(send(protocol, type="response.create")).args["reply"]
+    reply = reply_command(send(protocol, type="response.create")).reply
     assert reply.max_output_tokens == 16
 
 
@@ -147,7 +154,7 @@ def test_a_client_function_call_item_goes_to_the_model_as_a_call():
     actions = send(protocol, type="conversation.item.create",
                    item={"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Rome"}'})
     (command,) = [a.message for a in actions if isinstance(a, SendToGraph)]
-    assert command.args["call"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
+    assert isinstance(command, AddItem) and command.call == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
     assert events(actions)[0]["item"]["call_id"] == "call_1"
 
 

@@ -3,7 +3,7 @@ reach the model (which rebuilds its KV), with the GA events a client sees."""
 
 from __future__ import annotations
 
-from graph.messages import Command, TurnDone, Usage
+from graph.messages import AddItem, Command, Configure, DeleteItem, TurnDone, Usage
 from tests.realtime.test_protocol import (
     commit,
     events,
@@ -14,8 +14,8 @@ from tests.realtime.test_protocol import (
 )
 
 
-def dialog_commands(actions, name: str) -> list[Command]:
-    return [m for m in graph_messages(actions) if isinstance(m, Command) and m.target == "dialog" and m.name == name]
+def dialog_commands(actions, kind: type[Command]) -> list[Command]:
+    return [m for m in graph_messages(actions) if isinstance(m, kind) and m.target == "dialog"]
 
 
 def text_item(item_id: str, text: str = "hi", role: str = "user") -> dict:
@@ -38,8 +38,8 @@ def test_instructions_change_after_a_turn_is_accepted():
     actions = send(protocol, type="session.update", session={"type": "realtime", "instructions": "Be long."})
     assert kinds(actions) == ["session.updated"]
     assert events(actions)[0]["session"]["instructions"] == "Be long."
-    (configure,) = dialog_commands(actions, "configure")
-    assert configure.args["instructions"] == "Be long."
+    (configure,) = dialog_commands(actions, Configure)
+    assert configure.config["instructions"] == "Be long."
 
 
 def test_deleting_items_tells_the_model_which_turn_to_forget():
@@ -47,10 +47,10 @@ def test_deleting_items_tells_the_model_which_turn_to_forget():
     user, assistant = list(protocol.items)
     actions = send(protocol, type="conversation.item.delete", item_id=assistant)
     assert [(e["type"], e["item_id"]) for e in events(actions)] == [("conversation.item.deleted", assistant)]
-    (delete,) = dialog_commands(actions, "delete_item")
-    assert delete.args == {"item_id": assistant, "response_id": response_id}  # a reply is known by its response id
-    (delete,) = dialog_commands(send(protocol, type="conversation.item.delete", item_id=user), "delete_item")
-    assert delete.args == {"item_id": user, "response_id": None}
+    (delete,) = dialog_commands(actions, DeleteItem)
+    assert (delete.item_id, delete.response_id) == (assistant, response_id)  # a reply is known by its response id
+    (delete,) = dialog_commands(send(protocol, type="conversation.item.delete", item_id=user), DeleteItem)
+    assert (delete.item_id, delete.response_id) == (user, None)
     assert protocol.items == {}
 
 
@@ -61,8 +61,8 @@ def test_an_item_created_after_root_goes_first_and_the_model_inserts_it_at_the_s
     added = [e for e in events(actions) if e["type"] == "conversation.item.added"]
     assert [(e["item"]["id"], e["previous_item_id"]) for e in added] == [("item_new", None)]
     assert list(protocol.items) == ["item_new", *before]
-    (add,) = dialog_commands(actions, "add_item")
-    assert add.args["insert_after"] == []  # none of the items before it: the very start
+    (add,) = dialog_commands(actions, AddItem)
+    assert add.insert_after == []  # none of the items before it: the very start
 
 
 def test_an_item_created_in_the_middle_names_the_items_before_it_nearest_first():
@@ -73,8 +73,8 @@ def test_an_item_created_in_the_middle_names_the_items_before_it_nearest_first()
     added = next(e for e in events(actions) if e["type"] == "conversation.item.added")
     assert added["previous_item_id"] == assistant
     assert list(protocol.items) == [user, assistant, "item_mid", "item_c"]
-    (add,) = dialog_commands(actions, "add_item")
-    assert add.args["insert_after"] == [response_id, user]
+    (add,) = dialog_commands(actions, AddItem)
+    assert add.insert_after == [response_id, user]
     # The next item without previous_item_id goes at the end again, linked to the last one.
     actions = send(protocol, type="conversation.item.create", item=text_item("item_end"))
     assert next(e for e in events(actions) if e["type"] == "conversation.item.added")["previous_item_id"] == "item_c"
@@ -86,8 +86,8 @@ def test_previous_item_id_naming_the_last_item_or_null_appends_without_a_rebuild
     for previous in (last, None):
         item_id = f"item_{previous is None}"
         actions = send(protocol, type="conversation.item.create", previous_item_id=previous, item=text_item(item_id))
-        (add,) = dialog_commands(actions, "add_item")
-        assert "insert_after" not in add.args
+        (add,) = dialog_commands(actions, AddItem)
+        assert add.insert_after is None
         assert list(protocol.items)[-1] == item_id
 
 
@@ -97,7 +97,7 @@ def test_an_unknown_previous_item_id_is_item_not_found_and_the_session_goes_on()
     actions = send(protocol, type="conversation.item.create", previous_item_id="item_nope", item=text_item("item_x"))
     (error,) = events(actions)
     assert (error["type"], error["error"]["code"], error["error"]["param"]) == ("error", "item_not_found", "previous_item_id")
-    assert list(protocol.items) == before and not dialog_commands(actions, "add_item")
+    assert list(protocol.items) == before and not dialog_commands(actions, AddItem)
     assert kinds(send(protocol, type="conversation.item.create", item=text_item("item_y")))[0] == "conversation.item.added"
 
 

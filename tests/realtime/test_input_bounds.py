@@ -11,7 +11,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from graph.messages import Command, ImageFrame
+from graph.messages import AddItem, Command, ImageFrame
 from session_server.realtime.input_bounds import DEFAULT_MAX_TEXT_TOKENS
 from session_server.realtime.protocol import RealtimeProtocol, SendEvent, SendToGraph
 from session_server.realtime.session_config import ServedModel
@@ -65,7 +65,7 @@ def test_a_32000_character_text_item_is_refused_before_it_reaches_the_model():
 def test_a_text_item_within_the_bound_is_added():
     actions = send(opened(max_text_tokens=100), **text_item("x" * 100))
     assert errors(actions) == []
-    assert [m.name for m in to_graph(actions) if isinstance(m, Command)] == ["add_item"]
+    assert [type(m) for m in to_graph(actions) if isinstance(m, Command)] == [AddItem]
 
 
 def test_the_bound_counts_utf8_bytes_so_no_text_can_exceed_it_in_tokens():

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from graph.messages import AudioChunk, AudioOut, Command, Interrupt, NodeEvent, TextDelta, TurnDone, Usage
+from graph.messages import AddItem, AudioChunk, AudioOut, Command, Configure, CreateResponse, Interrupt, NodeEvent, ReplyDone, TextDelta, TurnDone, Usage
 from session_server.realtime import session_config
 from session_server.realtime.protocol import (
     CLOSE_INTERNAL,
@@ -115,8 +115,8 @@ def test_barge_in_interrupts_the_graph_and_drops_late_output():
     assert protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(2400, np.float32))) == []
     assert protocol.graph_output(TurnDone(response_id=active.id, status="cancelled")) == []
     # The dialog node is told the reply is over (it bounds queued turns with that).
-    reply_done = [m for m in graph_messages(actions) if isinstance(m, Command) and m.name == "reply_done"]
-    assert reply_done and reply_done[0].args == {"response_id": active.id}
+    reply_done = [m for m in graph_messages(actions) if isinstance(m, ReplyDone)]
+    assert reply_done and reply_done[0].response_id == active.id
 
 
 def test_speech_does_not_cancel_when_interrupt_response_is_off():
@@ -165,6 +165,7 @@ def test_beta_field_names_are_accepted_and_answered_in_ga_shape():
     assert session["max_output_tokens"] == 50
     assert session["sglang"]["temperature"] == 0.7  # next to `granted` (sglang_session.py)
     configure = [m for m in graph_messages(actions) if isinstance(m, Command)]
+    assert all(isinstance(m, Configure) for m in configure)
     assert {m.target for m in configure} == {"silero_vad", "dialog"}
 
 
@@ -234,7 +235,7 @@ def test_item_ids_are_unique_and_previous_item_id_links_the_conversation():
     added = events(actions)[0]
     assert added["previous_item_id"] == ids[-1]
     add_item = graph_messages(actions)[0]
-    assert (add_item.name, add_item.args["role"], add_item.args["text"]) == ("add_item", "system", "x")
+    assert isinstance(add_item, AddItem) and (add_item.role, add_item.text) == ("system", "x")
 
 
 def test_a_media_track_transport_gets_decoded_audio_in_and_reply_audio_as_samples():
@@ -277,13 +278,13 @@ def test_an_automatic_reply_goes_to_the_reply_input_and_a_client_reply_stays_beh
     protocol = RealtimeProtocol("sess_1", "model-x", reply_input="replies")
     protocol.open()
     auto = [a for a in commit(protocol, "item_a", 1) if isinstance(a, SendToGraph)]
-    assert [(a.input, a.message.name) for a in auto] == [("replies", "create_response")]
+    assert [(a.input, type(a.message)) for a in auto] == [("replies", CreateResponse)]
     # A client's response.create may follow a commit the dialog has not made yet: it keeps the
     # audio input's order.
     protocol = RealtimeProtocol("sess_2", "model-x", reply_input="replies")
     protocol.open()
     asked = [a for a in send(protocol, type="response.create") if isinstance(a, SendToGraph)]
-    assert [(a.input, a.message.name) for a in asked] == [("audio", "create_response")]
+    assert [(a.input, type(a.message)) for a in asked] == [("audio", CreateResponse)]
 
 
 def test_an_automatic_reply_the_dialog_made_with_the_commit_needs_no_create_response():

@@ -16,7 +16,7 @@ import pytest
 
 from configs import load_profile
 from graph.messages import (
-    Command,
+    Configure,
     HiddenChunk,
     NodeEvent,
     ReplyParams,
@@ -51,8 +51,8 @@ def kinds(actions) -> list[str]:
 
 
 def configures(actions, target: str = "dialog") -> list[dict]:
-    return [a.message.args for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, Command)
-            and a.message.target == target and a.message.name == "configure"]
+    return [a.message.config for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, Configure)
+            and a.message.target == target]
 
 
 def send(protocol: RealtimeProtocol, **event) -> list:

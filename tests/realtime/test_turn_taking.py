@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from graph.messages import AudioChunk, Command, NodeEvent, ReplyParams
+from graph.messages import AudioChunk, CreateResponse, InputEnd, NodeEvent, ReplyParams
 from graph.runtime import GraphRuntime
 from nodes import smart_turn
 from session_server.realtime.protocol import HoldPlayback, RealtimeProtocol, SendEvent
@@ -48,7 +48,7 @@ async def events_for(runtime, name: str, config: dict, audio: np.ndarray, before
     step = RATE // 10
     for start in range(0, len(audio), step):
         await session.send("in", AudioChunk(samples=audio[start:start + step], sample_rate=RATE, media_ms=start * 1000 / RATE))
-    await session.send("in", Command(target="dialog", name="input_end"))
+    await session.send("in", InputEnd())
     out: list[NodeEvent] = []
     async with asyncio.timeout(60):
         async for message in session.outputs():
@@ -109,8 +109,8 @@ async def test_semantic_vad_high_commits_a_complete_question_within_a_second_of_
     assert stopped.fields["audio_end_ms"] - speech_end_ms <= 1000
 
 
-def open_reply() -> Command:
-    return Command(target="dialog", name="create_response", args={"reply": ReplyParams(response_id="resp_playing")})
+def open_reply() -> CreateResponse:
+    return CreateResponse(reply=ReplyParams(response_id="resp_playing"))
 
 
 async def test_a_150ms_burst_during_a_reply_is_neither_a_turn_nor_a_barge_in(runtime):

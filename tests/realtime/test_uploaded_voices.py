@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from graph.messages import Command
+from graph.messages import Command, Configure, CreateResponse
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import RealtimeProtocol, SendEvent, SendToGraph
 from session_server.realtime.session_config import ServedModel
@@ -40,8 +40,8 @@ def events(actions) -> list[dict]:
     return [a.event for a in actions if isinstance(a, SendEvent)]
 
 
-def commands(actions, name: str) -> list[Command]:
-    return [a.message for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, Command) and a.message.name == name]
+def commands(actions, kind: type[Command]) -> list[Command]:
+    return [a.message for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, kind)]
 
 
 def test_an_uploaded_voice_is_echoed_by_its_name_and_the_graph_is_told_its_speaker():
@@ -49,9 +49,9 @@ def test_an_uploaded_voice_is_echoed_by_its_name_and_the_graph_is_told_its_speak
     actions = send(protocol, type="session.update", session={"type": "realtime", "audio": {"output": {"voice": "narrator"}}})
     [updated] = [e for e in events(actions) if e["type"] == "session.updated"]
     assert updated["session"]["audio"]["output"]["voice"] == "narrator"
-    configure = commands(actions, "configure")[-1].args
+    configure = commands(actions, Configure)[-1].config
     assert configure["voice"] == "chelsie" and configure["auto_reply"].voice == "chelsie"
-    reply = commands(send(protocol, type="response.create"), "create_response")[0].args["reply"]
+    reply = commands(send(protocol, type="response.create"), CreateResponse)[0].reply
     assert reply.voice == "chelsie"
 
 
@@ -64,7 +64,7 @@ def test_the_beta_voice_field_names_an_uploaded_voice_too():
 def test_a_response_may_name_an_uploaded_voice():
     protocol = opened()
     actions = send(protocol, type="response.create", response={"audio": {"output": {"voice": "narrator"}}})
-    assert commands(actions, "create_response")[0].args["reply"].voice == "chelsie"
+    assert commands(actions, CreateResponse)[0].reply.voice == "chelsie"
 
 
 def test_other_names_keep_their_rule_an_unknown_one_is_echoed_as_the_default_speaker():

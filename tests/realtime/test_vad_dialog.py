@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from graph.messages import AudioChunk, Command, ImageFrame, NodeEvent, ReplyParams, SpeechStarted, SpeechStopped, Turn
+from graph.messages import AudioChunk, Clear, Commit, CreateResponse, ImageFrame, NodeEvent, ReplyDone, ReplyParams, SpeechStarted, SpeechStopped, Turn
 from graph.runtime import GraphRuntime
 from nodes.vad import CONTEXT, WINDOW, SileroModel
 from tests.realtime.speech import silence, speech
@@ -87,8 +87,8 @@ async def test_vad_finds_the_speech_in_a_spoken_sentence_at_any_input_rate(vad_r
 async def test_vad_off_still_resamples_and_forwards_audio_and_commands_in_order(vad_runtime):
     session = await vad_runtime.open_session("manual", config={"turn_detection": None})
     await feed(session, np.concatenate([speech(rate=24000)[:24000]]), 24000)
-    await session.send("in", Command(target="dialog", name="commit"))
-    out = await drain(session, "Command")
+    await session.send("in", Commit())
+    out = await drain(session, "Commit")
     assert not any(isinstance(m, (SpeechStarted, SpeechStopped)) for m in out)
     # Every sample before the commit reaches the dialog ahead of it, partial window included.
     forwarded = sum(len(m.samples) for m in out if isinstance(m, AudioChunk))
@@ -188,13 +188,13 @@ async def test_an_utterance_runs_from_speech_start_minus_prefix_padding_to_speec
 async def test_manual_commits_clears_and_the_100ms_minimum(dialog_runtime):
     session = await dialog_runtime.open_session("m", config={"turn_detection": None})
     await session.send("in", chunk16(0, 50))
-    await session.send("in", Command(target="dialog", name="commit"))
+    await session.send("in", Commit())
     error = (await drain(session, "error"))[-1]
     assert error.fields["code"] == "input_audio_buffer_commit_empty"
-    await session.send("in", Command(target="dialog", name="clear"))
+    await session.send("in", Clear())
     assert (await drain(session, "cleared"))[-1].kind == "cleared"
     await session.send("in", chunk16(50, 300))
-    await session.send("in", Command(target="dialog", name="commit"))
+    await session.send("in", Commit())
     out = await drain(session, "committed")
     turn = next(m for m in out if isinstance(m, Turn))
     assert len(turn.audio) == 16 * 300 and out[-1].fields["auto_reply"] is False
@@ -214,13 +214,13 @@ async def test_a_server_vad_utterance_is_committed_at_max_utterance_seconds(dial
 async def test_replies_past_max_queued_turns_are_refused(dialog_runtime):
     session = await dialog_runtime.open_session("q", config={"turn_detection": TD})
     for n in range(4):  # one being answered + 2 queued is the bound
-        await session.send("in", Command(target="dialog", name="create_response", args={"reply": ReplyParams(response_id=f"r{n}")}))
+        await session.send("in", CreateResponse(reply=ReplyParams(response_id=f"r{n}")))
     out = await drain(session, "error")
     queued = [m.fields["response_id"] for m in out if isinstance(m, NodeEvent) and m.kind == "turn_queued"]
     assert queued == ["r0", "r1", "r2"]
     assert out[-1].fields == {"code": "max_queued_turns_exceeded", "message": out[-1].fields["message"], "response_id": "r3"}
-    await session.send("in", Command(target="dialog", name="reply_done", args={"response_id": "r0"}))
-    await session.send("in", Command(target="dialog", name="create_response", args={"reply": ReplyParams(response_id="r4")}))
+    await session.send("in", ReplyDone(response_id="r0"))
+    await session.send("in", CreateResponse(reply=ReplyParams(response_id="r4")))
     assert (await drain(session, "turn_queued"))[-1].fields["response_id"] == "r4"
 
 
@@ -240,13 +240,13 @@ async def test_a_client_commit_during_server_vad_speech_ends_that_utterance(dial
     await session.send("in", SpeechStarted(audio_start_ms=0))
     for ms in range(0, 500, 100):
         await session.send("in", chunk16(ms))
-    await session.send("in", Command(target="dialog", name="commit"))
+    await session.send("in", Commit())
     committed = (await drain(session, "committed"))[-1]
     assert committed.fields["auto_reply"] is False
     for ms in range(500, 800, 100):
         await session.send("in", chunk16(ms))
     await session.send("in", SpeechStopped(audio_end_ms=800))
-    await session.send("in", Command(target="dialog", name="clear"))
+    await session.send("in", Clear())
     rest = await drain(session, "cleared")
     # The speech after the commit starts no second turn of its own.
     assert not any(isinstance(m, (Turn,)) or (isinstance(m, NodeEvent) and m.kind in ("committed", "speech_stopped")) for m in rest)

@@ -9,12 +9,26 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 
 import httpx
+import numpy as np
 import psutil
 import websockets
 import yaml
 
+from graph.messages import (
+    AddItem,
+    Clear,
+    Commit,
+    Configure,
+    CreateResponse,
+    DeleteItem,
+    InputEnd,
+    ReplyDone,
+    ReplyParams,
+)
+from graph.wire import Link
 from tests.conftest import free_port, http_client, running_server, serve_process
 from tests.realtime.client import RawClient, append_pcm, sdk_client, until, utterance
 from tests.realtime.fakes import realtime_profile
@@ -31,6 +45,34 @@ async def text_turn(conn, text: str = "Hello") -> list:
     await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
     await conn.response.create()
     return await until(conn, "response.done")
+
+
+async def test_every_command_crosses_the_engine_link_as_the_same_typed_message():
+    ours, theirs = socket.socketpair()
+    sender, receiver = await Link.over(ours), await Link.over(theirs)
+    audio = np.linspace(-1, 1, 480, dtype=np.float32)
+    sent = [
+        Configure(target="silero_vad", config={"turn_detection": None, "auto_reply": ReplyParams(voice="ethan")}),
+        Commit(), Clear(), InputEnd(),
+        AddItem(item_id="item_a", role="user", text="hi", images=(b"png",), insert_after=["item_0"], sample_rate=24000),
+        AddItem(item_id="item_b", role="assistant", call={"name": "f", "arguments": "{}"}),
+        DeleteItem(item_id="item_a", response_id="resp_a"),
+        CreateResponse(reply=ReplyParams(response_id="resp_b", tools=({"type": "function", "name": "f"},))),
+        ReplyDone(response_id="resp_b"),
+    ]
+    try:
+        for command in sent:
+            sender.send("input", "sess_1", command)
+        sender.send("input", "sess_1", AddItem(item_id="item_c", role="user", audio=audio))
+        records = await receiver.receive()
+    finally:
+        sender.close()
+        receiver.close()
+    received = [payload for _, _, payload in records]
+    assert received[:-1] == sent and [type(m) for m in received[:-1]] == [type(m) for m in sent]
+    with_audio = received[-1]
+    assert isinstance(with_audio, AddItem) and with_audio.target == "dialog"
+    assert with_audio.audio.dtype == np.float32 and np.array_equal(with_audio.audio, audio)
 
 
 async def test_a_session_runs_in_an_engine_process_not_the_server():
