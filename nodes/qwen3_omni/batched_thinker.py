@@ -295,6 +295,20 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
     # this batch waits for the next batch (AGAIN): a long prefill never slows down, step by
     # step, a more urgent reply (another session's first audio) by one chunk per token.
     first_fed = len(calls)
+
+    def forward(indices: list[int], run) -> tuple[list[int], Any]:
+        """`run` over the rows of `indices` still open, as one forward: (the rows it ran, its
+        outputs); ([], ()) when none is left or it failed (then every row got the error)."""
+        with runner.cache.lock:  # closing sessions drop out here; the rest go through together
+            indices = still_open(indices)
+            if not indices:
+                return [], ()
+            try:
+                return indices, run([waiting[index] for index in indices])
+            except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
+                fail(indices, exc)
+                return [], ()
+
     while True:
         feeds = [index for index, request in waiting.items() if isinstance(request, Feed)]
         rows: set[int] = set()
@@ -304,16 +318,9 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
                 rows.add(waiting[index].slot)
                 batch.append(index)
         if batch:
-            with runner.cache.lock:  # closing sessions drop out here; the rest go through together
-                batch = still_open(batch)
-                if not batch:
-                    continue
-                try:
-                    logits = runner.feed([waiting[index] for index in batch])
-                except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
-                    fail(batch, exc)
-                    continue
-            first_fed = min(first_fed, *batch)
+            batch, logits = forward(batch, runner.feed)
+            if batch:
+                first_fed = min(first_fed, *batch)
             for index, row_logits in zip(batch, logits):
                 advance(index, row_logits)
             continue
@@ -321,16 +328,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
         if not chunks or chunk_run:
             break
         chunk_run = True
-        group = _prefill_group([(index, waiting[index]) for index in chunks])
-        with runner.cache.lock:  # as for feeds: a closing session drops out, the rest go through
-            group = still_open(group)
-            if not group:
-                continue
-            try:
-                answers = runner.forward_chunks([waiting[index] for index in group])
-            except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
-                fail(group, exc)
-                continue
+        group, answers = forward(_prefill_group([(index, waiting[index]) for index in chunks]), runner.forward_chunks)
         for index, answer in zip(group, answers):
             advance(index, answer)
     return results

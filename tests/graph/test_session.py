@@ -264,12 +264,18 @@ async def test_a_session_opens_only_the_nodes_its_inputs_reach():
         await runtime.stop()
 
 
-async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is_open():
+async def warm_runtime(inline_compute: bool) -> GraphRuntime:
+    """A started runtime whose relay node has a keep-warm unit, run every 10 ms."""
     profile = relay_sink_profile()
     profile["nodes"]["relay"]["type"] = "test.warm_relay"
     profile["compute"] = {"keep_warm_ms": 10}
-    runtime = GraphRuntime.from_config(profile, inline_compute=True)
+    runtime = GraphRuntime.from_config(profile, inline_compute=inline_compute)
     await runtime.start()
+    return runtime
+
+
+async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is_open():
+    runtime = await warm_runtime(inline_compute=True)
     relay = runtime.nodes["relay"]
     try:
         await asyncio.sleep(0.1)
@@ -289,11 +295,7 @@ async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is
 
 
 async def test_keeping_warm_waits_while_the_compute_has_other_work():
-    profile = relay_sink_profile()
-    profile["nodes"]["relay"]["type"] = "test.warm_relay"
-    profile["compute"] = {"keep_warm_ms": 10}
-    runtime = GraphRuntime.from_config(profile)
-    await runtime.start()
+    runtime = await warm_runtime(inline_compute=False)
     relay = runtime.nodes["relay"]
     gate = threading.Event()
     try:
@@ -314,11 +316,7 @@ async def test_keeping_warm_waits_while_the_compute_has_other_work():
 
 
 async def test_a_busy_engine_is_not_kept_warm():
-    profile = relay_sink_profile()
-    profile["nodes"]["relay"]["type"] = "test.warm_relay"
-    profile["compute"] = {"keep_warm_ms": 10}
-    runtime = GraphRuntime.from_config(profile, inline_compute=True)
-    await runtime.start()
+    runtime = await warm_runtime(inline_compute=True)
     relay = runtime.nodes["relay"]
     busy = True
 
