@@ -147,6 +147,7 @@ class EngineHandle:
         self.facts: dict[str, Any] = {}
         self.queue_depths: dict[str, int] = {}
         self.batch_counts: dict[str, tuple[int, int]] = {}  # since this engine started
+        self.node_counters: dict[str, dict[str, int]] = {}  # likewise
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._drained: asyncio.Future[None] | None = None
 
@@ -226,6 +227,7 @@ class EngineHandle:
                     elif op == "stats":
                         self.queue_depths = payload["queue_depths"]
                         self.batch_counts = payload.get("batch_counts", {})
+                        self.node_counters = payload.get("node_counters", {})
                         for node, seconds in payload["node_steps"].items():
                             for value in seconds:
                                 metrics.node_step(node, value)
@@ -358,6 +360,15 @@ class EngineRuntime:
             for name, (batches, items) in engine.batch_counts.items():
                 before = totals.get(name, (0, 0))
                 totals[name] = (before[0] + batches, before[1] + items)
+        return totals
+
+    def node_counters(self) -> dict[str, dict[str, int]]:
+        totals: dict[str, dict[str, int]] = {}
+        for engine in self.engines:
+            for node, counts in engine.node_counters.items():
+                node_totals = totals.setdefault(node, {})
+                for event, n in counts.items():
+                    node_totals[event] = node_totals.get(event, 0) + n
         return totals
 
     def queue_depths(self) -> dict[str, int]:

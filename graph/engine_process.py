@@ -190,7 +190,8 @@ class EngineServer:
         while True:
             await asyncio.sleep(STATS_INTERVAL_S)
             self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take(),
-                                         "batch_counts": self.runtime.batch_counts()})
+                                         "batch_counts": self.runtime.batch_counts(),
+                                         "node_counters": self.runtime.node_counters()})
 
 
 def apply_device(profile: dict[str, Any], device: str | None) -> None:

@@ -70,6 +70,16 @@ class SpeechStopped(Message, kw_only=True):
     audio_end_ms: float
 
 
+class SpeechPaused(Message, kw_only=True):
+    """Server VAD: the speaker has been quiet long enough that the turn will probably end
+    (`prefill_early_ms` before the silence would end it); `audio_end_ms` is where the audio heard
+    so far ends. `resumed=True`: speech came back before the turn ended (the pause is over). The
+    dialog may prefill the utterance early on a pause (`Turn.speculative`)."""
+
+    audio_end_ms: float
+    resumed: bool = False
+
+
 class ReplyParams(msgspec.Struct, kw_only=True):
     """What a reply should look like (from session config and `response.create`)."""
 
@@ -125,6 +135,14 @@ class Turn(Message, kw_only=True):
     # keep_in_history}; None: no transcript): an out-of-band pass of the thinker
     # (nodes/qwen3_omni/transcription.py) that reports `transcription_*` NodeEvents.
     transcribe: dict[str, Any] | None = None
+    # Early prefill (server VAD, during the pause before a turn ends): `speculative` marks a user
+    # utterance sent ahead of its commit under a private `item_id`; the model prefills it and
+    # tells no one. A later turn with `confirms` = that key makes it the committed item (this
+    # turn's own `item_id`, its reply and transcript; the turn carries no audio of its own), or
+    # a turn with `retracts` = that key removes it as if it had never come (speech resumed).
+    speculative: bool = False
+    confirms: str | None = None
+    retracts: str | None = None
 
 
 # --------------------------------------------------------------------------- model side
@@ -347,6 +365,7 @@ DATA_TYPES: dict[str, type[Message]] = {
         SpeechStarted,
         SpeechDismissed,
         SpeechStopped,
+        SpeechPaused,
         Turn,
         Features,
         Embeddings,

@@ -94,6 +94,11 @@ class Node(abc.ABC):
     async def stop(self) -> None:
         """Release shared resources at server shutdown."""
 
+    def counters(self) -> dict[str, int]:
+        """Events this node counts since start, by name (exported as `sgl_omni_node_events_total`
+        {node, event}); e.g. the thinker's early prefills by outcome."""
+        return {}
+
     def keep_warm(self) -> Callable[[], None] | None:
         """A small computation through this node's model code on dummy input (None: nothing to
         keep warm). The runtime runs it while its compute is idle and it hosts a live session

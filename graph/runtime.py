@@ -150,6 +150,10 @@ class GraphRuntime:
         """(batches run, items batched) per shared executor since start (for metrics)."""
         return self.compute.batch_counts()
 
+    def node_counters(self) -> dict[str, dict[str, int]]:
+        """Each node's `counters()` since start, by node name (for metrics)."""
+        return {name: counts for name, node in self.nodes.items() if (counts := node.counters())}
+
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each node's inboxes, all sessions together (for metrics)."""
         totals = dict.fromkeys(self.spec.nodes, 0)

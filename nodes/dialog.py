@@ -1,6 +1,6 @@
 """Dialog: turns the input stream into the conversation's turns.
 
-Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechStopped`,
+Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechPaused`/`SpeechStopped`,
 `ImageFrame`s and the transport's commands (graph/messages.py: `Configure`, `Commit`, `Clear`,
 `AddItem`, `DeleteItem`, `CreateResponse`, `ReplyDone`, `InputEnd`), dispatched by type. Output:
 - `turns`: `Turn`s for the model, each with a turn id this node allocates (the one counter of the
@@ -26,6 +26,16 @@ transport) and the `committed` event names it (`response_id`). When the
 session's config has `transcription`, a committed utterance carries it (`Turn.transcribe`): the
 thinker then transcribes it.
 
+Early prefill (server VAD with `create_response` and an `auto_reply`): on the VAD's
+`SpeechPaused`, an utterance of at least 100 ms with no reply open is sent ahead as a
+*speculative* `Turn` (its audio and images so far, under a private `spec_` item key that never
+leaves the engine; no event). At the `SpeechStopped` the commit goes out as usual, events and all,
+but its `Turn` carries no audio or images, only `confirms` = that key: the model already heard
+the utterance up to the pause. Anything else first retracts the speculation (a `Turn` with
+`retracts`, no event): speech resuming (`SpeechPaused(resumed=True)`), a new `SpeechStarted`, a
+command for the dialog other than `ReplyDone` (before the command acts), an image, the utterance
+overflowing; that utterance is then committed the old way, with its full audio.
+
 Bounds, and what the client sees:
 - `max_utterance_seconds` (60): server VAD commits the utterance at the bound and ignores speech
   until the next pause; manual mode stops buffering. Either way an `error` notice with code
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -63,6 +74,7 @@ from graph.messages import (
     ReplyDone,
     ReplyParams,
     SpeechDismissed,
+    SpeechPaused,
     SpeechStarted,
     SpeechStopped,
     Turn,
@@ -75,10 +87,18 @@ RATE = 16000
 MIN_COMMIT_MS = 100.0
 
 
+@dataclass
+class Speculation:
+    """An utterance sent down the graph early, at a pause (`Turn.speculative`)."""
+
+    key: str  # its private item key, which `confirms` / `retracts` name
+    frames: list[ImageFrame]  # the images it carried
+
+
 @register_node("dialog")
 class Dialog(Node):
     params_schema = DialogParams
-    inputs = {"events": (AudioChunk, SpeechStarted, SpeechDismissed, SpeechStopped, ImageFrame, Command)}
+    inputs = {"events": (AudioChunk, SpeechStarted, SpeechDismissed, SpeechPaused, SpeechStopped, ImageFrame, Command)}
     outputs = {"turns": (Turn,), "events": (NodeEvent,)}
 
     def __init__(self, *args, **kwargs):
@@ -122,6 +142,7 @@ class DialogSession(NodeSession):
         self.idle_since_ms = 0.0
         self.open_replies: set[str] = set()
         self.cancelled: set[str] = set()
+        self.speculation: Speculation | None = None  # the utterance sent ahead at a pause
 
     def _configure(self, config: dict[str, Any]) -> None:
         if "instructions" in config:
@@ -145,7 +166,13 @@ class DialogSession(NodeSession):
         if isinstance(message, AudioChunk):
             await self._audio(message, emit)
         elif isinstance(message, SpeechStarted):
+            await self._retract(emit)
             await self._speech_started(message, emit)
+        elif isinstance(message, SpeechPaused):
+            if message.resumed:
+                await self._retract(emit)
+            else:
+                await self._speculate(message.audio_end_ms, emit)
         elif isinstance(message, SpeechDismissed):
             await self._sound_over(emit)
         elif isinstance(message, SpeechStopped):
@@ -157,8 +184,11 @@ class DialogSession(NodeSession):
             self.speaking = self.overflowed = False
             self.idle_since_ms = message.audio_end_ms
         elif isinstance(message, ImageFrame):
+            await self._retract(emit)  # the speculation lacks it; the commit will have it
             self.images.append(message)
         elif isinstance(message, Command) and message.target == "dialog":
+            if not isinstance(message, ReplyDone):
+                await self._retract(emit)
             await self._command(message, emit)
 
     async def _audio(self, chunk: AudioChunk, emit) -> None:
@@ -207,6 +237,7 @@ class DialogSession(NodeSession):
             await emit("events", NodeEvent(kind="sound_dismissed"))
 
     async def _too_long(self, emit) -> None:
+        await self._retract(emit)
         limit = self.node.max_utterance_seconds
         await self._error(emit, "utterance_too_long", f"An utterance may be at most {limit:g} s of audio; it was committed at the limit.")
         if self.vad is None:
@@ -321,8 +352,10 @@ class DialogSession(NodeSession):
             return False
         start = self.utterance_start_ms if self.utterance_start_ms is not None else self.now_ms
         end = end_ms if end_ms is not None else self.now_ms
-        audio = np.concatenate([c.samples for c in self.utterance]).astype(np.float32) if self.utterance else None
-        frames = [f for f in self.images if start <= f.media_ms <= end][-self.node.max_utterance_frames :]
+        frames = self._frames(start, end)
+        confirms = await self._confirmable(frames, emit)
+        # A confirmed speculation's audio and images are in the model already.
+        audio = self._utterance_audio() if confirms is None else None
         item_id = self.item_id or _item_id()
         turn_id = self._next_turn()
         awaited = auto_reply and bool((self.vad or {}).get("create_response", True))
@@ -339,13 +372,14 @@ class DialogSession(NodeSession):
                 item_id=item_id,
                 role="user",
                 audio=audio,
-                images=[f.image for f in frames],
+                images=[f.image for f in frames] if confirms is None else [],
                 instructions=self.instructions,
-                    tools=self.tools,
+                tools=self.tools,
                 media_ms=start,
                 reply=reply,
                 awaited=awaited,
-                transcribe=self.transcription if audio is not None else None,
+                transcribe=self.transcription if audio is not None or confirms is not None else None,
+                confirms=confirms,
             ),
         )
         await emit(
@@ -359,6 +393,61 @@ class DialogSession(NodeSession):
         )
         self._reset_utterance()
         return True
+
+    def _frames(self, start: float, end: float) -> list[ImageFrame]:
+        return [f for f in self.images if start <= f.media_ms <= end][-self.node.max_utterance_frames :]
+
+    def _utterance_audio(self) -> np.ndarray | None:
+        return np.concatenate([c.samples for c in self.utterance]).astype(np.float32) if self.utterance else None
+
+    # ------------------------------------------------------------------ early prefill
+
+    async def _speculate(self, pause_ms: float, emit) -> None:
+        """At a pause, send the utterance so far ahead under a private key (nothing to the client)."""
+        vad = self.vad
+        if vad is None or not vad.get("create_response", True) or self.auto_reply is None:
+            return
+        if not self.speaking or self.overflowed or self.open_replies or self.speculation is not None:
+            return
+        if self.utterance_ms < MIN_COMMIT_MS or self.utterance_start_ms is None:
+            return
+        start = self.utterance_start_ms
+        frames = self._frames(start, pause_ms)
+        key = f"spec_{secrets.token_hex(10)}"
+        await emit(
+            "turns",
+            Turn(
+                turn_id=self._next_turn(),
+                item_id=key,
+                role="user",
+                audio=self._utterance_audio(),
+                images=[f.image for f in frames],
+                instructions=self.instructions,
+                tools=self.tools,
+                media_ms=start,
+                speculative=True,
+            ),
+        )
+        self.speculation = Speculation(key, frames)
+
+    async def _confirmable(self, frames: list[ImageFrame], emit) -> str | None:
+        """The speculation the commit confirms; retracted instead where its images differ."""
+        speculation = self.speculation
+        if speculation is None:
+            return None
+        if len(frames) != len(speculation.frames) or any(a is not b for a, b in zip(frames, speculation.frames)):
+            await self._retract(emit)
+            return None
+        self.speculation = None
+        return speculation.key
+
+    async def _retract(self, emit) -> None:
+        if self.speculation is None:
+            return
+        key, self.speculation = self.speculation.key, None
+        # With the session's system prompt, as every turn has it (else the model would rebuild it).
+        await emit("turns", Turn(turn_id=self._next_turn(), retracts=key, instructions=self.instructions,
+                                 tools=self.tools, media_ms=self.now_ms))
 
     def _reset_utterance(self) -> None:
         self.utterance = []
@@ -382,6 +471,7 @@ class DialogSession(NodeSession):
 
     async def close(self) -> None:
         self.node.open_sessions -= 1
+        self.speculation = None
         self._reset_utterance()
         self.ring.clear()
         self.images.clear()

@@ -26,6 +26,9 @@ class SileroVadParams(Params):
     max_batch: Positive | UnsetType = UNSET
     # Load the Smart Turn end-of-turn model (nodes/smart_turn.py) where the `smart-turn` extra is installed.
     smart_turn: bool | UnsetType = UNSET
+    # Server VAD: say `SpeechPaused` this long before the silence would end the turn, so the
+    # dialog can prefill the utterance early (nodes/vad.py). None or 0: off.
+    prefill_early_ms: NonNegative | None | UnsetType = UNSET
 
 
 class DialogParams(Params):

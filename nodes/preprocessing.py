@@ -7,7 +7,8 @@ Input `turns`: `Turn`s from dialog (user utterances with their images, client it
 requests) and stateless speech requests. Output `features`: one `Features` per turn with
 `tensors` = `nodes.qwen3_omni.inputs.TurnInputs.tensors()` (input_ids, audio features, image
 patches, system_ids) and `meta` = {role, out_of_band, insert_after, delete_key, text_tokens,
-audio_tokens, image_tokens, awaited, transcribe} (the last two as the `Turn` has them).
+audio_tokens, image_tokens, awaited, transcribe, speculative, confirms, retracts} (the last five as
+the `Turn` has them).
 
 The chat format (see `inputs.py`) is laid out per session:
 - every turn carries `tensors["system_ids"]`, the system message the history must start with (the
@@ -127,6 +128,9 @@ class PreprocessingSession(NodeSession):
                 "image_tokens": inputs.image_tokens,
                 "awaited": turn.awaited,
                 "transcribe": turn.transcribe,
+                "speculative": turn.speculative,
+                "confirms": turn.confirms,
+                "retracts": turn.retracts,
             },
         )
 

@@ -56,6 +56,18 @@ those items the history holds. Each keeps the KV up to the first changed positio
 re-prefills the rest (the next reply's `cached_tokens` counts only the kept prefix); the talker
 then gets the rebuilt history.
 
+Early prefill (server VAD, nodes/dialog.py): a turn with `meta["speculative"]` is a user
+utterance sent during the pause before its turn ends, under a private item key. The thinker
+prefills it after a `ThinkerSession.checkpoint()` and tells no one (its talker prompt chunk is
+held; no event; no transcript pass runs meanwhile). The next turn confirms it (`meta["confirms"]`:
+a content-free turn with the real item id, reply and transcript settings): the history item takes
+that id, the held chunk goes out, and the turn's reply runs as after a manual commit (the
+utterance counts as the reply's input, not cached); or retracts it (`meta["retracts"]`): `restore`,
+no forward, as if it never came. An utterance whose prefill would rebuild the history (a new
+system prompt), or that a Truncate of the reply before it overtook, goes into the KV only at its
+confirm; one whose prefill failed fails the confirm's reply with that code; a confirm naming
+nothing held fails with `internal`; any other turn drops a held utterance (its confirm was purged).
+
 Truncate (`conversation.item.truncate`: the listener heard `audio_end_ms` of the reply): codec
 frames last 80 ms (12.5 frames/s) and the talker has read reply tokens 0..f when it makes frame f,
 so `ceil(audio_end_ms / 80)` heard frames bound the heard text to that many reply tokens. The reply
@@ -67,8 +79,12 @@ Speech requests (`meta["speak"]`) skip the thinker: the text's tokens go to the 
 
 from __future__ import annotations
 
+import collections
 import math
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from graph.messages import (
     Control,
@@ -88,7 +104,7 @@ from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import ThinkerParams
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
-from nodes.qwen3_omni.thinker_engine import Sampling, Step, ThinkerError, ThinkerSession
+from nodes.qwen3_omni.thinker_engine import Checkpoint, Sampling, Step, ThinkerError, ThinkerSession
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 
@@ -106,6 +122,12 @@ class Thinker(Node):
     inputs = {"embeddings": (Embeddings,)}
     outputs = {"text": (TextDelta, FunctionCall, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline
+
+    def __init__(self, name: str, params: dict[str, Any], context: Any):
+        super().__init__(name, params, context)
+        # Early prefills by outcome since start: `early_prefill` (speculative utterances),
+        # `early_prefill_confirmed`, `early_prefill_dropped` (retracted: the speaker went on).
+        self.early_prefills: collections.Counter[str] = collections.Counter()
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
@@ -137,6 +159,9 @@ class Thinker(Node):
     def open_session(self, session: SessionInfo) -> NodeSession:
         return ThinkerNodeSession(self, session)
 
+    def counters(self) -> dict[str, int]:
+        return dict(self.early_prefills)
+
     def keep_warm(self):
         """The thinker's decoder layers over 8 padding tokens (no cache kept)."""
         import torch
@@ -144,6 +169,18 @@ class Thinker(Node):
         text = self.omni.thinker.model
         ids = torch.full((1, 8), self.omni.tokens.newline, dtype=torch.long, device=self.omni.device)
         return torch.inference_mode()(lambda: text(input_ids=ids, use_cache=False))
+
+
+@dataclass
+class _Speculation:
+    """A user utterance prefilled early (`meta["speculative"]`), held until its turn is confirmed
+    or retracted. `checkpoint` None: not in the KV (it waits for the confirm: see `_speculate`)."""
+
+    key: str  # its private history key
+    utterance: Embeddings
+    checkpoint: Checkpoint | None = None  # the session before it, for a retract
+    chunk: HiddenChunk | None = None  # its talker prompt chunk, held back
+    error: ThinkerError | None = None  # its prefill failed (the session is as before it)
 
 
 class ThinkerNodeSession(NodeSession):
@@ -162,6 +199,7 @@ class ThinkerNodeSession(NodeSession):
         self.last_reply_key: tuple[int, str] | None = None
         self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
         self.interrupted = False
+        self.speculation: _Speculation | None = None
         self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
                                        int(node.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)))
 
@@ -190,6 +228,22 @@ class ThinkerNodeSession(NodeSession):
             return
         # A user transcript's pass in progress gives way first (nodes/qwen3_omni/transcription.py).
         await self.transcriber.give_way()
+        meta = message.meta
+        if meta.get("speculative"):
+            # No transcript pass runs while it is held (the pass would see the utterance): the
+            # transcriber hears of the thinker again at the confirm or the retract.
+            await self._speculate(message)
+            return
+        if meta.get("retracts") is not None:
+            if self.speculation is not None and self.speculation.key == meta["retracts"]:
+                self._drop_speculation()
+            self.transcriber.handled(message, emit, in_history=False)
+            return
+        if meta.get("confirms") is not None:
+            utterance, in_history = await self._confirm(message, self.transcriber.emit_for(message, emit))
+            self.transcriber.handled(utterance, emit, in_history=in_history)
+            return
+        self._drop_speculation()  # held, but its confirm never came (an interrupt purged it)
         turns = self.engine.turns
         await self._on_turn(stream, message, self.transcriber.emit_for(message, emit))
         self.transcriber.handled(message, emit, in_history=self.engine.turns > turns)
@@ -207,14 +261,17 @@ class ThinkerNodeSession(NodeSession):
             try:
                 calls = ToolCallDecoder.for_reply(self.node.omni, reply.tools, reply.tool_choice, reply.parallel_tool_calls)
             except ToolCallsUnavailable as error:
+                self.reply_key = None  # a confirm may have named it
                 await emit("hidden", self._done(message, reply, "failed", "tools_unsupported", Usage()))
                 await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id, kind="error",
                                              fields={"code": "tools_unsupported", "message": str(error),
                                                      "response_id": reply.response_id}))
                 return
             self.engine.set_sampling(self._sampling_for(reply))
-            # From here on an Interrupt naming this reply reaches it, even during the prefill.
-            self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
+            # From here on an Interrupt naming this reply reaches it, even during the prefill
+            # (a confirm named it before this: one that came since then stands).
+            if self.reply_key != (message.turn_id, reply.response_id):
+                self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
         try:
             if await self._edit_history(message, emit):
                 return
@@ -231,21 +288,125 @@ class ThinkerNodeSession(NodeSession):
                 ),
             )
         except ThinkerError as error:
-            if reply is not None:
-                self.reply_key = None
-                await emit("hidden", self._done(message, reply, "failed", error.code, Usage()))
-            else:
-                await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id,
-                                             kind="error", fields={"code": error.code, "message": error.message}))
+            await self._fail(message, error, emit)
             return
         if reply is not None and self.interrupted:
             self.engine.interrupt()  # it came while the prefill ran; the first step now stops
         if prefill.rebuilt:  # inserted before the end of the history
             await self._restart_talker(message, emit)
         else:
-            await self._prompt_chunk(message, prefill, emit)
+            await emit("hidden", self._prompt_chunk(message, prefill))
         if reply is not None:
             await self._reply(message, reply, emit, calls)
+
+    async def _fail(self, message: Embeddings, error: ThinkerError, emit: Emit) -> None:
+        """The turn could not join the history: its reply fails with the error's code; a turn
+        without reply gets an error notice."""
+        if message.reply is not None:
+            self.reply_key = None
+            await emit("hidden", self._done(message, message.reply, "failed", error.code, Usage()))
+        else:
+            await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id,
+                                         kind="error", fields={"code": error.code, "message": error.message}))
+
+    # ------------------------------------------------------------------ early prefill
+
+    async def _speculate(self, message: Embeddings) -> None:
+        """Prefill a user utterance ahead of its commit and tell no one: the KV takes it under its
+        private key, its talker prompt chunk is held for the confirm. One whose prefill would
+        rebuild the history (a new system prompt, an insertion) is only held and goes in at the
+        confirm, since a restore cannot undo a rebuild; one whose prefill fails leaves the session
+        as it was and fails at the confirm."""
+        self._drop_speculation()  # one at a time (the dialog never sends a second)
+        await self._apply_truncate()  # as before any prefill
+        speculation = self.speculation = _Speculation(message.item_id, message)
+        self.node.early_prefills["early_prefill"] += 1
+        system_ids = message.tensors.get("system_ids")
+        if message.meta.get("insert_after") is not None or (
+            system_ids is not None and self.engine.system_prompt_changes(system_ids)
+        ):
+            return
+        mark = self.engine.checkpoint()
+        executor = self.node.executor
+        try:
+            if system_ids is not None:  # the history is empty or starts with it: only noted
+                await executor.call(self.engine.system_prompt_work(system_ids))
+            prefill = await executor.call(self.engine.prefill_work(message.tensors, reply=False, key=message.item_id))
+        except ThinkerError as error:
+            self.engine.restore(mark)
+            speculation.error = error
+            return
+        speculation.checkpoint, speculation.chunk = mark, self._prompt_chunk(message, prefill)
+
+    def _drop_speculation(self) -> None:
+        """Forget the held early prefill: the session is as before it (no forward)."""
+        speculation, self.speculation = self.speculation, None
+        if speculation is not None:
+            self.node.early_prefills["early_prefill_dropped"] += 1
+            if speculation.checkpoint is not None:
+                self.engine.restore(speculation.checkpoint)
+
+    async def _confirm(self, message: Embeddings, emit: Emit) -> tuple[Embeddings, bool]:
+        """The held early prefill `meta["confirms"]` names becomes this turn's committed utterance:
+        it takes the turn's item id, its talker prompt chunk goes out, then this content-free turn's
+        own reply runs (its assistant header, as after a manual commit). Returns the utterance as
+        the transcriber sees it (this turn with the held utterance's audio) and whether it joined
+        the history."""
+        reply = message.reply
+        if reply is not None:  # an Interrupt naming the reply reaches it from here on
+            self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
+        await self._apply_truncate()  # may take the held utterance out of the KV again (see there)
+        key = message.meta["confirms"]
+        speculation = self.speculation
+        if speculation is None or speculation.key != key:
+            self._drop_speculation()
+            await self._fail(message, ThinkerError("internal", f"no early prefill {key!r} is held to confirm"), emit)
+            return message, False
+        self.speculation = None
+        self.node.early_prefills["early_prefill_confirmed"] += 1
+        utterance = msgspec.structs.replace(
+            message, meta={**message.meta, "audio_tokens": speculation.utterance.meta.get("audio_tokens", 0)}
+        )
+        error = speculation.error
+        if error is None and speculation.checkpoint is None:
+            error = await self._add_held(speculation.utterance, message, emit)
+        elif error is None:
+            self.engine.history.rename(key, message.item_id)
+            chunk = speculation.chunk
+            assert chunk is not None
+            await emit("hidden", msgspec.structs.replace(
+                chunk, turn_id=message.turn_id, media_ms=message.media_ms,
+                tensors={**chunk.tensors, "reply_follows": reply is not None},
+            ))
+        if error is not None:
+            await self._fail(message, error, emit)
+            return utterance, False
+        if reply is not None:
+            # Its header is the reply's own history item, named by the response id.
+            await self._on_turn("embeddings", msgspec.structs.replace(message, item_id=""), emit)
+        return utterance, True
+
+    async def _add_held(self, held: Embeddings, message: Embeddings, emit: Emit) -> ThinkerError | None:
+        """A held utterance that is not in the KV goes in now, as any committed utterance, under
+        the confirming turn's item id."""
+        utterance = msgspec.structs.replace(held, item_id=message.item_id, turn_id=message.turn_id,
+                                            media_ms=message.media_ms)
+        try:
+            await self._edit_history(utterance, emit)
+            prefill = await self.node.executor.call(self.engine.prefill_work(
+                utterance.tensors, reply=False, key=utterance.item_id, insert_after=utterance.meta.get("insert_after"),
+            ))
+        except ThinkerError as error:
+            return error
+        if prefill.rebuilt:
+            await self._restart_talker(utterance, emit)
+        else:
+            chunk = self._prompt_chunk(utterance, prefill)
+            chunk.tensors["reply_follows"] = message.reply is not None
+            await emit("hidden", chunk)
+        return None
+
+    # ------------------------------------------------------------------ history edits
 
     async def _edit_history(self, message: Embeddings, emit: Emit) -> bool:
         """Before the turn: a new system prompt, a deletion (thinker_history.py); when they rebuilt
@@ -283,26 +444,24 @@ class ThinkerNodeSession(NodeSession):
             ),
         )
 
-    async def _prompt_chunk(self, message: Embeddings, prefill, emit: Emit) -> None:
+    @staticmethod
+    def _prompt_chunk(message: Embeddings, prefill) -> HiddenChunk:
         reply = message.reply
-        await emit(
-            "hidden",
-            HiddenChunk(
-                session_id=message.session_id,
-                turn_id=message.turn_id,
-                media_ms=message.media_ms,
-                token_ids=tuple(prefill.token_ids),
-                tensors={
-                    "prompt": True,
-                    "mm_hidden": prefill.multimodal_hidden,
-                    "user_parts": prefill.user_parts,
-                    "image_grid_thw": message.tensors.get("image_grid_thw"),
-                    "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
-                    "out_of_band": bool(reply and reply.out_of_band),
-                    # A reply to this very prefill follows at once (its tokens come next).
-                    "reply_follows": reply is not None,
-                },
-            ),
+        return HiddenChunk(
+            session_id=message.session_id,
+            turn_id=message.turn_id,
+            media_ms=message.media_ms,
+            token_ids=tuple(prefill.token_ids),
+            tensors={
+                "prompt": True,
+                "mm_hidden": prefill.multimodal_hidden,
+                "user_parts": prefill.user_parts,
+                "image_grid_thw": message.tensors.get("image_grid_thw"),
+                "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
+                "out_of_band": bool(reply and reply.out_of_band),
+                # A reply to this very prefill follows at once (its tokens come next).
+                "reply_follows": reply is not None,
+            },
         )
 
     async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit, calls: ToolCallDecoder | None) -> None:
@@ -376,8 +535,14 @@ class ThinkerNodeSession(NodeSession):
 
     async def _apply_truncate(self) -> None:
         heard, self.pending_truncate = self.pending_truncate, None
-        if heard is not None:
-            await self.node.executor.call(self.engine.truncate_work(heard))
+        if heard is None:
+            return
+        speculation = self.speculation
+        if speculation is not None and speculation.checkpoint is not None:
+            # The reply to cut lies before the held utterance: out with it, to go in at its confirm.
+            self.engine.restore(speculation.checkpoint)
+            speculation.checkpoint = speculation.chunk = None
+        await self.node.executor.call(self.engine.truncate_work(heard))
 
     async def _speak(self, message: Embeddings, emit: Emit) -> None:
         """A stateless speech request: the given text is the reply, spoken by the talker."""
@@ -416,6 +581,7 @@ class ThinkerNodeSession(NodeSession):
         )
 
     async def close(self) -> None:
+        self.speculation = None  # nothing to tell: its KV goes with the session's
         await self.transcriber.close()
         self.engine.interrupt()
         # Gives the session's KV row back; waits for a forward that uses it, so not on the loop.

@@ -12,8 +12,8 @@ along the model's batch axis. A window is due (graph/executor.py) when its audio
 server (`AudioChunk.received_at`), so a session that fell behind catches up ahead of newer work.
 
 Output, in input order: each 16 kHz window as an `AudioChunk`, a `SpeechStarted` /
-`SpeechStopped` right after the window that decided it, and `ImageFrame` / `Command` messages
-forwarded where they arrived. `Configure(target="silero_vad")` updates the
+`SpeechPaused` / `SpeechStopped` right after the window that decided it, and `ImageFrame` /
+`Command` messages forwarded where they arrived. `Configure(target="silero_vad")` updates the
 thresholds (`turn_detection` of the session config; `None` switches detection off: manual
 commits, audio is still resampled and forwarded).
 
@@ -30,6 +30,14 @@ there, otherwise it checks again each time the pause has doubled (the longer the
 the score; shorter than 200 ms, scores are unreliable), and the turn ends after `max_silence_ms`
 of silence whatever it said, unless speech resumes. Without the model loaded (the `smart-turn`
 extra is missing; the server refuses such sessions first) the first check point ends the turn.
+
+Early prefill (node param `prefill_early_ms`, default 300; null or 0: off): under plain server VAD
+(no semantic check) a pause that reaches `silence_duration_ms - prefill_early_ms` (at least 100 ms)
+gets one `SpeechPaused` right after the window that reached it, unless that window ends the turn
+too; if speech comes back before the turn ends, a `SpeechPaused(resumed=True)` follows the first
+speech window. The dialog may send the utterance down the graph early on it (nodes/dialog.py).
+No pause events in semantic mode (the classifier, not the clock, ends those turns) or with turn
+detection off.
 
 Short sounds (`interrupt_min_speech_ms`): the first speech window's `SpeechStarted` is
 unconfirmed until the segment holds that much speech; then a confirmed one follows with the same
@@ -48,7 +56,19 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
-from graph.messages import AudioChunk, Command, Commit, Configure, ImageFrame, InputEnd, Message, SpeechDismissed, SpeechStarted, SpeechStopped
+from graph.messages import (
+    AudioChunk,
+    Command,
+    Commit,
+    Configure,
+    ImageFrame,
+    InputEnd,
+    Message,
+    SpeechDismissed,
+    SpeechPaused,
+    SpeechStarted,
+    SpeechStopped,
+)
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes import smart_turn
@@ -62,6 +82,7 @@ WINDOW_MS = WINDOW * 1000.0 / RATE
 PREROLL_MS = 500.0  # audio before speech start the classifier also hears (as pipecat feeds it)
 DISMISS_AFTER_MS = 96.0  # silence after which an unconfirmed sound counts as over
 COMPLETE = 0.5  # p(complete) from which the classifier's verdict ends the turn
+MIN_PAUSE_MS = 100.0  # no `SpeechPaused` before this much silence: shorter gaps are within words
 
 
 def model_path() -> str:
@@ -114,9 +135,10 @@ class SileroModel:
 class SileroVad(Node):
     params_schema = SileroVadParams
     inputs = {"audio": (AudioChunk, ImageFrame, Command)}
-    outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechDismissed, SpeechStopped)}
+    outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechDismissed, SpeechPaused, SpeechStopped)}
 
     async def start(self) -> None:
+        self.prefill_early_ms = float(self.params.get("prefill_early_ms", 300) or 0)
         self.model = await self.context.compute.run(SileroModel, self.params.get("model_path"))
         self.batcher = self.context.compute.batcher("silero_vad", self.model.run_batch, int(self.params.get("max_batch", 64)))
         self.open_sessions = 0
@@ -153,6 +175,7 @@ class VadSession(NodeSession):
         self.voiced_ms = 0.0  # speech heard in the current segment
         self.confirmed = False  # the segment has lasted interrupt_min_speech_ms
         self.dismissed = False
+        self.paused = False  # the current pause had its `SpeechPaused`
         self.next_check_ms: float | None = None  # the pause length at which the classifier scores it next
         self.turn_from = 0  # sample index the classifier's audio starts at
         self.heard: deque[tuple[int, np.ndarray]] = deque(maxlen=int(smart_turn.SAMPLES // WINDOW))
@@ -169,7 +192,7 @@ class VadSession(NodeSession):
             if isinstance(message, Configure):
                 self.settings = VadSettings.from_config(message.config.get("turn_detection"))
                 if self.settings is None:
-                    self.speaking = False
+                    self.speaking = self.paused = False
         else:
             if isinstance(message, (Commit, InputEnd)):
                 await self._flush_partial(emit)
@@ -214,6 +237,10 @@ class VadSession(NodeSession):
         if probability >= settings.threshold:
             self.silence_since = None
             self.next_check_ms = settings.check_after_ms
+            resumed: list[Message] = []
+            if self.paused:
+                self.paused = False
+                resumed.append(SpeechPaused(audio_end_ms=end_ms, media_ms=end_ms, resumed=True))
             onset = not self.speaking
             if onset:
                 self.speaking = True
@@ -224,10 +251,10 @@ class VadSession(NodeSession):
             self.voiced_ms += WINDOW_MS
             if not self.confirmed and self.voiced_ms >= settings.interrupt_min_speech_ms:
                 self.confirmed = True
-                return [SpeechStarted(audio_start_ms=self.speech_start_ms, media_ms=start_ms)]
+                return [*resumed, SpeechStarted(audio_start_ms=self.speech_start_ms, media_ms=start_ms)]
             if onset:
                 return [SpeechStarted(audio_start_ms=start_ms, media_ms=start_ms, confirmed=False)]
-            return []
+            return resumed
         if not (self.speaking and probability < settings.threshold - 0.15):
             return []
         if self.silence_since is None:
@@ -238,10 +265,22 @@ class VadSession(NodeSession):
             self.dismissed = True
             events.append(SpeechDismissed(audio_end_ms=end_ms, media_ms=end_ms))
         if await self._turn_ends(silence_ms):
-            self.speaking = False
+            self.speaking = self.paused = False
             self.silence_since = None
             events.append(SpeechStopped(audio_end_ms=end_ms, media_ms=end_ms))
+        elif not self.paused and self._pause_reached(silence_ms):
+            self.paused = True
+            events.append(SpeechPaused(audio_end_ms=end_ms, media_ms=end_ms))
         return events
+
+    def _pause_reached(self, silence_ms: float) -> bool:
+        """Plain server VAD: the pause is `prefill_early_ms` short of ending the turn."""
+        settings = self.settings
+        early_ms = self.node.prefill_early_ms
+        if settings is None or settings.check_after_ms is not None or early_ms <= 0:
+            return False
+        pause_ms = max(settings.silence_duration_ms - early_ms, MIN_PAUSE_MS)
+        return pause_ms < settings.silence_duration_ms and silence_ms >= pause_ms
 
     async def _turn_ends(self, silence_ms: float) -> bool:
         settings = self.settings

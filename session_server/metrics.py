@@ -73,14 +73,20 @@ class _RuntimeCollector(Collector):
         batches = CounterMetricFamily("sgl_omni_batches", "Batched model calls run, per shared executor", labels=["executor"])
         items = CounterMetricFamily("sgl_omni_batch_items", "Items (session steps) those calls held, per shared executor",
                                     labels=["executor"])
+        events = CounterMetricFamily("sgl_omni_node_events", "Events the nodes count (the thinker's early prefills by outcome)",
+                                     labels=["node", "event"])
         if runtime is not None:
             for name, (runs, held) in sorted(runtime.batch_counts().items()):
                 batches.add_metric([name], runs)
                 items.add_metric([name], held)
+            for node, counts in sorted(runtime.node_counters().items()):
+                for event, n in sorted(counts.items()):
+                    events.add_metric([node, event], n)
         yield active
         yield depth
         yield batches
         yield items
+        yield events
         if self._free_slots is not None:
             # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
             yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",

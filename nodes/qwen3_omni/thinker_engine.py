@@ -7,7 +7,7 @@
     usage = session.reply_usage()
     session.truncate_reply(heard_tokens)         # forget the unheard rest of the last reply
     mark = session.checkpoint()                  # an out-of-band pass over the context (a user
-    ...                                          # transcript) ...
+    ...                                          # transcript, an early prefill) ...
     session.restore(mark)                        # ... leaves no trace, the last reply included
 
 Invariants (what makes a second turn cost only its new tokens):
@@ -470,6 +470,17 @@ class ThinkerSession:
         """The history as the talker restarts from it after a rebuild (thinker_history.py)."""
         return self.history.talker_view(self.context_ids, self.tokens.im_start)
 
+    def system_prompt_changes(self, system_ids: list[int]) -> bool:
+        """Whether `system_prompt_work(system_ids)` would rebuild the history (no forward, no change):
+        the context holds a different system message than this one."""
+        if not self.context_ids:
+            return False
+        system_ids = [int(i) for i in system_ids]
+        current = self.history.system
+        if current is None:
+            return bool(system_ids)
+        return self.context_ids[: self.history.end(0, len(self.context_ids))] != system_ids
+
     @torch.inference_mode()
     def system_prompt_work(self, system_ids: list[int]) -> Work:
         """Make the history start with this system message (`<|im_start|>system\\n...<|im_end|>\\n`;
@@ -482,15 +493,13 @@ class ThinkerSession:
         """
         self._sync_row()
         system_ids = [int(i) for i in system_ids]
-        current = self.history.system
-        old = self.context_ids[: self.history.end(0, len(self.context_ids))] if current is not None else []
-        if current is not None and old == system_ids:
-            return False
         if not self.context_ids:
             self._unfed_system = system_ids
             return False
-        if not system_ids and current is None:
+        if not self.system_prompt_changes(system_ids):
             return False
+        current = self.history.system
+        old = self.context_ids[: self.history.end(0, len(self.context_ids))] if current is not None else []
         self._check_fits(len(self.context_ids) - len(old) + len(system_ids) + len(self.pending))
         if self.replying:
             yield from self._finish_work(self._reply, "interrupted")
@@ -800,8 +809,9 @@ class ThinkerSession:
 
     def checkpoint(self, *, before_last_user_message: bool = False) -> Checkpoint:
         """The session as it is, for `restore` after an out-of-band pass over its context (a
-        transcript, nodes/qwen3_omni/transcription.py): the history, the last reply (it can still be
-        truncated after), the logits a next step starts from, the sampling. No forward.
+        transcript, nodes/qwen3_omni/transcription.py) or an early prefill that was retracted
+        (nodes/thinker.py): the history, the last reply (it can still be truncated after), the
+        logits a next step starts from, the sampling, a system prompt not fed yet. No forward.
         `before_last_user_message`: `restore` forgets the context's last user message too."""
         length = len(self.context_ids)
         if before_last_user_message:
@@ -809,7 +819,7 @@ class ThinkerSession:
             length = next((i for i in range(len(ids) - 2, -1, -1)
                            if ids[i] == self.tokens.im_start and ids[i + 1] == self.tokens.user), length)
         return Checkpoint(length, list(self.pending), self.turns, self._reply, self._last_logits,
-                          self._previous_context, self.sampling, self._generator)
+                          self._previous_context, self.sampling, self._generator, list(self._unfed_system))
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Undo what happened since `checkpoint` (an out-of-band pass, finished or not): the context
@@ -826,6 +836,7 @@ class ThinkerSession:
         self._reply, self._last_logits = checkpoint.reply, checkpoint.last_logits
         self._previous_context = min(checkpoint.previous_context, len(self.context_ids))
         self.sampling, self._generator = checkpoint.sampling, checkpoint.generator
+        self._unfed_system = list(checkpoint.unfed_system)
         self._interrupt.clear()
 
 
@@ -841,6 +852,7 @@ class Checkpoint:
     previous_context: int
     sampling: Sampling
     generator: torch.Generator | None
+    unfed_system: list[int]  # a system prompt noted before the first turn, not fed yet
 
 
 class _SlotHolder:

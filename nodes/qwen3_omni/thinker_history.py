@@ -75,6 +75,15 @@ class History:
     def index_of(self, key: str) -> int | None:
         return next((i for i, s in enumerate(self.segments) if s.key == key and not s.system), None)
 
+    def rename(self, key: str, new_key: str) -> bool:
+        """The turn named `key` is named `new_key` from now on (an early prefill's private key
+        becomes the committed item's id); False when the history holds no such turn."""
+        index = self.index_of(key)
+        if index is None:
+            return False
+        self.segments[index].key = new_key
+        return True
+
     def insertion_index(self, after: list[str]) -> int:
         """Where an item goes that follows the items `after` (history keys, nearest first): after
         the first of them the history holds; at the start, after the system prompt, if none."""

@@ -5,13 +5,17 @@ token history per session like a persistent KV cache would: a reply's `cached_to
 history that was already prefilled before this turn. It answers a `Turn` carrying `reply` with
 `words` TextDeltas, each followed (audio replies) by `chunk_ms` of a 24 kHz tone, pausing
 `delay_s` between words; an `Interrupt` stops it at the next word with `TurnDone(cancelled)`.
-Every turn and control it saw is recorded per session for assertions.
+Every turn and control it saw is recorded per session for assertions. An early prefill's turns
+(nodes/dialog.py) are folded as the thinker folds them: a speculative turn waits aside, its
+confirming turn is recorded as the one turn it makes (with the speculation's audio and images),
+a retracted one is forgotten.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 
 from graph.messages import AudioOut, Control, Interrupt, Message, TextDelta, Turn, TurnDone, Usage
@@ -37,6 +41,10 @@ class FakeReply(Node):
         self.live.add(session.session_id)
         return FakeReplySession(self, session)
 
+    def counters(self) -> dict[str, int]:
+        """Turns it answered, all sessions (the node-events metric's plumbing is tested with it)."""
+        return {"replies": sum(1 for turns in self.turns.values() for turn in turns if turn.reply is not None)}
+
 
 class FakeReplySession(NodeSession):
     node: FakeReply
@@ -49,9 +57,19 @@ class FakeReplySession(NodeSession):
         self.prefilled = 0  # tokens of it already computed
         self.interrupted: set[str] = set()
         self.new_tokens = {"text": 0, "audio": 0, "image": 0}  # added since the last reply
+        self.speculative: dict[str, Turn] = {}
 
     async def on_message(self, stream: str, message: Message, emit) -> None:
         assert isinstance(message, Turn)
+        if message.speculative:
+            self.speculative[message.item_id] = message
+            return
+        if message.retracts is not None:
+            del self.speculative[message.retracts]
+            return
+        if message.confirms is not None:
+            early = self.speculative.pop(message.confirms)
+            message = msgspec.structs.replace(message, audio=early.audio, images=early.images, confirms=None)
         self.turns.append(message)
         text_tokens = len((message.text or "").split())
         audio_tokens = 0 if message.audio is None else int(len(message.audio) / 16000 * AUDIO_TOKENS_PER_S)

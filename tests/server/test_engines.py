@@ -126,6 +126,27 @@ async def test_metrics_count_the_engines_batched_calls_and_the_steps_they_held()
     assert counts["sgl_omni_batch_items_total:silero_vad"] >= counts["sgl_omni_batches_total:silero_vad"]
 
 
+async def test_metrics_sum_the_node_events_the_engines_count():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with running_server(engine_profile(engines=2), engines=True) as server:
+        client = sdk_client(server)
+        async with client.realtime.connect(model="test-realtime") as a, client.realtime.connect(model="test-realtime") as b:
+            await asyncio.gather(text_turn(a), text_turn(b))
+            await text_turn(a)
+            replies = 0.0
+            async with http_client(server) as http:
+                for _ in range(40):  # engines report every 0.5 s
+                    text = (await http.get("/metrics")).text
+                    replies = sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                                  if sample.name == "sgl_omni_node_events_total"
+                                  and sample.labels == {"node": "reply", "event": "replies"})
+                    if replies >= 3:
+                        break
+                    await asyncio.sleep(0.1)
+    assert replies == 3  # two on one engine, one on the other, summed
+
+
 async def test_a_killed_engine_ends_its_sessions_with_engine_failed_and_is_replaced():
     async with running_server(engine_profile(delay_s=0.2), engines=True) as server:
         runtime = server.runtime

@@ -23,7 +23,8 @@ class FakeReplyTranscribed(FakeReply):
 class TranscribedSession(FakeReplySession):
     async def on_message(self, stream: str, message: Message, emit) -> None:
         await super().on_message(stream, message, emit)
-        if isinstance(message, Turn) and message.transcribe is not None and message.audio is not None:
+        if isinstance(message, Turn) and message.transcribe is not None and (message.audio is not None or message.confirms is not None):
+            # (a confirming turn carries no audio: its early prefill had it, tests/realtime/fakes.py)
             transcript = str(self.node.params.get("transcript", "what is the weather like today in paris"))
             fields = {"item_id": message.item_id}
             await emit("out", NodeEvent(turn_id=message.turn_id, kind="transcription_delta", fields={**fields, "delta": transcript}))
