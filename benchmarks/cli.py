@@ -32,6 +32,16 @@ from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 SCENARIOS = ("realtime", "webrtc", "speech", "components")
 
 
+def event_loop_factory() -> Any:
+    """uvloop where installed (as the server runs): the load generator's CPU is taken from the
+    server on a small machine."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -204,10 +214,13 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             def run_level(count: int, arrivals: str, settings: Any) -> dict[str, Any]:
                 batches_before = batch_counts(server.base_url, args.api_key)
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
-                    results, wall = asyncio.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
+                    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the server's loop, uvloop
+                        results, wall = runner.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
                 level = realtime.summarize_level(count, results, wall, settings, arrivals)
                 level["server"] = monitor.summary(count)
-                level["batch_sizes"] = mean_batch_sizes(batches_before, batch_counts(server.base_url, args.api_key))
+                batches_after = batch_counts(server.base_url, args.api_key)
+                level["batch_sizes"] = mean_batch_sizes(batches_before, batches_after)
+                level["node_events"] = node_event_deltas(batches_before, batches_after)
                 # The load generator's own CPU: on a small machine it competes with the server.
                 level["client_cpu_percent"] = client.cpu_percent()
                 print(f"realtime N={report.level_label(level)}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
@@ -285,13 +298,26 @@ def batch_counts(base_url: str, api_key: str | None) -> dict[str, tuple[float, f
                 if sample.name.endswith("_total"):
                     slot = 0 if family.name == "sgl_omni_batches" else 1
                     counts.setdefault(sample.labels["executor"], [0.0, 0.0])[slot] = sample.value
+        elif family.name == "sgl_omni_node_events":  # kept as (count, 0): `node_event_deltas` reads them
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[f"{sample.labels['node']}.{sample.labels['event']}#event"] = [sample.value, 0.0]
     return {name: (runs, items) for name, (runs, items) in counts.items()}
+
+
+def node_event_deltas(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, int]:
+    """How often each node event (`sgl_omni_node_events_total`, e.g. thinker.early_prefill_confirmed)
+    happened over a level."""
+    return {name.removesuffix("#event"): int(count - before.get(name, (0.0, 0.0))[0])
+            for name, (count, _) in after.items() if name.endswith("#event") and count > before.get(name, (0.0, 0.0))[0]}
 
 
 def mean_batch_sizes(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
     """Items per batched call of each executor over a level (executors that ran during it)."""
     sizes = {}
     for name, (runs, items) in after.items():
+        if name.endswith("#event"):
+            continue
         runs_before, items_before = before.get(name, (0.0, 0.0))
         if runs > runs_before:
             sizes[name] = round((items - items_before) / (runs - runs_before), 2)

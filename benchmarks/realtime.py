@@ -199,13 +199,11 @@ class _Session:
             self.turn = TurnRecord(self.index, turn_index, user_audio_start=time.perf_counter())
             self.turn_done.clear()
             self.result.turns.append(self.turn)
-            samples = utterance.samples
-            for start in range(0, len(samples), CHUNK_SAMPLES):
+            for message in _append_messages(utterance):
                 await clock.tick()
-                await _append(ws, samples[start : start + CHUNK_SAMPLES])
+                await ws.send(message)
             self.turn.user_audio_end = time.perf_counter()
             self._check_done()
-            silence = bytes(CHUNK_SAMPLES * 2)
             deadline = time.perf_counter() + self.settings.turn_timeout_s
             while not self.turn_done.is_set() and not self.closed.is_set():
                 if time.perf_counter() > deadline:
@@ -213,13 +211,13 @@ class _Session:
                     self.result.errors.append("turn_timeout")
                     break
                 await clock.tick()
-                await _append_bytes(ws, silence)
+                await ws.send(_SILENCE_MESSAGE)
             if self.turn.error:
                 break
             gap_end = time.perf_counter() + self.settings.gap_s
             while time.perf_counter() < gap_end and not self.closed.is_set():
                 await clock.tick()
-                await _append_bytes(ws, silence)
+                await ws.send(_SILENCE_MESSAGE)
         self.result.client_lag_s = clock.worst_lag_s
 
     async def _wait_updated(self, timeout: float) -> None:
@@ -321,12 +319,24 @@ class _Pacer:
         self.next_at += CHUNK_MS / 1000
 
 
-async def _append(ws: Any, samples: Any) -> None:
-    await _append_bytes(ws, pcm16(samples))
+def _append_message(audio: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()})
 
 
-async def _append_bytes(ws: Any, audio: bytes) -> None:
-    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+# The load generator encodes each utterance's events once, not per session and turn: on a small
+# machine its CPU is taken from the server it measures.
+_SILENCE_MESSAGE = _append_message(bytes(CHUNK_SAMPLES * 2))
+_ENCODED: dict[int, tuple[Utterance, list[str]]] = {}  # by id(); holds the utterance, so ids are not reused
+
+
+def _append_messages(utterance: Utterance) -> list[str]:
+    """The utterance as its `input_audio_buffer.append` events of CHUNK_MS each."""
+    cached = _ENCODED.get(id(utterance))
+    if cached is None:
+        samples = utterance.samples
+        cached = _ENCODED[id(utterance)] = (utterance, [_append_message(pcm16(samples[start : start + CHUNK_SAMPLES]))
+                                                      for start in range(0, len(samples), CHUNK_SAMPLES)])
+    return cached[1]
 
 
 def _b64_bytes(text: str) -> int:

@@ -162,6 +162,12 @@ def render(doc: dict[str, Any]) -> str:
                 out.append("mean batch (session steps per model call): " + "; ".join(
                     f"N={level_label(level)} " + ", ".join(f"{name} {size:g}" for name, size in sorted(level["batch_sizes"].items()))
                     for level in sized))
+            early = [level for level in realtime["levels"] if (level.get("node_events") or {}).get("thinker.early_prefill")]
+            if early:
+                out.append("early prefill (utterances prefilled in the pause before their turn ended): " + "; ".join(
+                    f"N={level_label(level)} {level['node_events'].get('thinker.early_prefill_confirmed', 0)} confirmed, "
+                    f"{level['node_events'].get('thinker.early_prefill_dropped', 0)} dropped of {level['node_events']['thinker.early_prefill']}"
+                    for level in early))
             idle = realtime.get("idle_memory")
             if idle:
                 out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
