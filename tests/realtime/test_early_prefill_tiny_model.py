@@ -1,0 +1,60 @@
+"""Early prefill on the embedded tiny model, end to end: a pause inside the utterance is prefilled
+and undone when the speaker goes on, the pause that ends the turn is prefilled and confirmed, and
+the client sees the same events as with early prefill off (nodes/dialog.py, nodes/thinker.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from configs import load_profile
+from tests.conftest import running_server
+from tests.realtime.client import API_KEY, append_pcm, sdk_client, until
+from tests.realtime.speech import speech
+
+RATE = 24000
+
+
+def two_part_utterance() -> np.ndarray:
+    """Speech, a pause of ~350 ms as the VAD hears it (100 ms here plus espeak's own silence around
+    its words: past the early-prefill point at 200 ms, short of the 500 ms that ends the turn),
+    more speech, then silence that ends it."""
+    quiet = lambda seconds: np.zeros(int(RATE * seconds), np.float32)  # noqa: E731
+    return np.concatenate([quiet(0.3), speech("What is the weather like", RATE), quiet(0.1),
+                           speech("today in Paris?", RATE), quiet(1.0)])
+
+
+def profile(prefill_early_ms: int | None) -> dict:
+    profile = load_profile(None)
+    vad = profile["nodes"]["vad"]
+    vad["params"] = {**(vad.get("params") or {}), "prefill_early_ms": prefill_early_ms}
+    return profile
+
+
+async def spoken_turn(prefill_early_ms: int | None) -> tuple[list, dict[str, int]]:
+    async with running_server(profile(prefill_early_ms), api_key=API_KEY) as srv:
+        async with sdk_client(srv).realtime.connect(model=srv.runtime.model_id) as conn:
+            await until(conn, "session.created")
+            await append_pcm(conn, two_part_utterance())
+            events = await until(conn, "response.done", timeout=120)
+        return events, srv.runtime.nodes["thinker"].counters()
+
+
+async def test_a_pause_inside_the_utterance_is_undone_and_the_turn_ends_as_without_early_prefill():
+    early, counts = await spoken_turn(300)
+    plain, plain_counts = await spoken_turn(None)
+
+    # The pause inside was prefilled and dropped when the speech went on; the final one confirmed.
+    assert counts == {"early_prefill": 2, "early_prefill_dropped": 1, "early_prefill_confirmed": 1}
+    assert plain_counts == {}
+    # One turn either way, with the same events (audio deltas come in chunks of their own pace).
+    kinds = lambda events: [e.type for e in events if e.type != "response.output_audio.delta"]  # noqa: E731
+    assert kinds(early) == kinds(plain)
+    assert [e.type for e in early].count("input_audio_buffer.speech_stopped") == 1
+    stopped = lambda events: next(e for e in events if e.type == "input_audio_buffer.speech_stopped")  # noqa: E731
+    assert stopped(early).audio_end_ms == stopped(plain).audio_end_ms
+    done, plain_done = early[-1].response, plain[-1].response
+    assert done.status == plain_done.status == "completed"
+    assert done.output[0].content[0].transcript == plain_done.output[0].content[0].transcript
+    # The model heard the whole utterance once (its trailing silence 300 ms shorter).
+    assert 0 < done.usage.input_token_details.audio_tokens <= plain_done.usage.input_token_details.audio_tokens
+    assert done.output[0].id != stopped(early).item_id  # the reply's item, not the user's
