@@ -136,10 +136,12 @@ class Turn(Message, kw_only=True):
     # (nodes/qwen3_omni/transcription.py) that reports `transcription_*` NodeEvents.
     transcribe: dict[str, Any] | None = None
     # Early prefill (server VAD, during the pause before a turn ends): `speculative` marks a user
-    # utterance sent ahead of its commit under a private `item_id`; the model prefills it and
-    # tells no one. A later turn with `confirms` = that key makes it the committed item (this
-    # turn's own `item_id`, its reply and transcript; the turn carries no audio of its own), or
-    # a turn with `retracts` = that key removes it as if it had never come (speech resumed).
+    # utterance sent ahead of its commit under a private `item_id`, with the automatic reply it
+    # will have under a provisional response id (not asked for yet: graph/session.py counts no
+    # reply); the model prefills both and tells no one. A later turn with `confirms` = that key
+    # makes it the committed item (this turn's own `item_id`, its reply — the same params, the
+    # real response id — and transcript; the turn carries no content of its own), or a turn with
+    # `retracts` = that key removes it as if it had never come (speech resumed).
     speculative: bool = False
     confirms: str | None = None
     retracts: str | None = None

@@ -229,7 +229,7 @@ class GraphSession:
             dropped += self._output.purge(lambda message: belongs_to(message, control))
             for message in dropped:
                 # A reply request dropped before any node saw it will never produce a TurnDone.
-                if isinstance(message, Turn) and message.reply is not None:
+                if _requests_reply(message):
                     self._count_reply_done()
             if dropped:
                 log.debug("session %s: interrupt dropped %d queued messages", self.id, len(dropped))
@@ -330,8 +330,8 @@ class GraphSession:
         return emit
 
     def _count_reply_request(self, message: Message) -> None:
-        if not isinstance(message, Turn):
-            return
+        if not isinstance(message, Turn) or message.speculative:
+            return  # an early prefill's provisional reply is asked for only by the turn confirming it
         if message.awaited or message.reply is not None:
             self.playback.reply_requested()
         if message.reply is not None:
@@ -361,6 +361,11 @@ class GraphSession:
             except Exception:  # noqa: BLE001 - keep freeing the others
                 log.exception("session %s: closing node %r failed", self.id, name)
         self._node_sessions.clear()
+
+
+def _requests_reply(message: Message) -> bool:
+    """A turn that asks for a reply (an early prefill's provisional one is not asked for yet)."""
+    return isinstance(message, Turn) and message.reply is not None and not message.speculative
 
 
 def belongs_to(message: Message, interrupt: Interrupt) -> bool:

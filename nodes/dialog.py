@@ -29,12 +29,15 @@ thinker then transcribes it.
 Early prefill (server VAD with `create_response` and an `auto_reply`): on the VAD's
 `SpeechPaused`, an utterance of at least 100 ms with no reply open is sent ahead as a
 *speculative* `Turn` (its audio and images so far, under a private `spec_` item key that never
-leaves the engine; no event). At the `SpeechStopped` the commit goes out as usual, events and all,
-but its `Turn` carries no audio or images, only `confirms` = that key: the model already heard
-the utterance up to the pause. Anything else first retracts the speculation (a `Turn` with
-`retracts`, no event): speech resuming (`SpeechPaused(resumed=True)`), a new `SpeechStarted`, a
-command for the dialog other than `ReplyDone` (before the command acts), an image, the utterance
-overflowing; that utterance is then committed the old way, with its full audio.
+leaves the engine, and the automatic reply under a provisional `spec_resp_` response id, not in
+`open_replies`; no event). At the `SpeechStopped` the commit goes out as usual, events and all,
+but its `Turn` carries no audio or images, only `confirms` = that key and the reply (the same
+params, the real response id): the model already heard the utterance up to the pause and its
+reply's header. Anything else first retracts the speculation (a `Turn` with `retracts`, no
+event): speech resuming (`SpeechPaused(resumed=True)`), a new `SpeechStarted`, a command for the
+dialog other than `ReplyDone` (before the command acts), an image, the utterance overflowing, a
+commit without that same reply (the queue of replies full); that utterance is then committed the
+old way, with its full audio.
 
 Bounds, and what the client sees:
 - `max_utterance_seconds` (60): server VAD commits the utterance at the bound and ignores speech
@@ -93,6 +96,7 @@ class Speculation:
 
     key: str  # its private item key, which `confirms` / `retracts` name
     frames: list[ImageFrame]  # the images it carried
+    reply: ReplyParams  # the automatic reply it carried, under a provisional response id
 
 
 @register_node("dialog")
@@ -353,18 +357,19 @@ class DialogSession(NodeSession):
         start = self.utterance_start_ms if self.utterance_start_ms is not None else self.now_ms
         end = end_ms if end_ms is not None else self.now_ms
         frames = self._frames(start, end)
-        confirms = await self._confirmable(frames, emit)
-        # A confirmed speculation's audio and images are in the model already.
-        audio = self._utterance_audio() if confirms is None else None
-        item_id = self.item_id or _item_id()
-        turn_id = self._next_turn()
         awaited = auto_reply and bool((self.vad or {}).get("create_response", True))
         # The automatic reply goes with its utterance, as one turn (one prefill); when the queue
         # of replies is full, the transport's `CreateResponse` meets the refusal instead.
         reply = None
         if awaited and self.auto_reply is not None and len(self.open_replies) <= self.node.max_queued_turns:
             reply = msgspec.structs.replace(self.auto_reply, response_id=_response_id())
+        confirms = await self._confirmable(frames, reply, emit)
+        if reply is not None:
             self.open_replies.add(reply.response_id)
+        # A confirmed speculation's audio, images and reply header are in the model already.
+        audio = self._utterance_audio() if confirms is None else None
+        item_id = self.item_id or _item_id()
+        turn_id = self._next_turn()
         await emit(
             "turns",
             Turn(
@@ -403,7 +408,8 @@ class DialogSession(NodeSession):
     # ------------------------------------------------------------------ early prefill
 
     async def _speculate(self, pause_ms: float, emit) -> None:
-        """At a pause, send the utterance so far ahead under a private key (nothing to the client)."""
+        """At a pause, send the utterance so far ahead under a private key, with the automatic
+        reply under a provisional response id (nothing to the client; no reply is open)."""
         vad = self.vad
         if vad is None or not vad.get("create_response", True) or self.auto_reply is None:
             return
@@ -413,7 +419,10 @@ class DialogSession(NodeSession):
             return
         start = self.utterance_start_ms
         frames = self._frames(start, pause_ms)
-        key = f"spec_{secrets.token_hex(10)}"
+        token = secrets.token_hex(10)
+        key = f"spec_{token}"
+        # Its confirm brings the same params under the real id (`_confirmable`).
+        reply = msgspec.structs.replace(self.auto_reply, response_id=f"spec_resp_{token}")
         await emit(
             "turns",
             Turn(
@@ -425,17 +434,20 @@ class DialogSession(NodeSession):
                 instructions=self.instructions,
                 tools=self.tools,
                 media_ms=start,
+                reply=reply,
                 speculative=True,
             ),
         )
-        self.speculation = Speculation(key, frames)
+        self.speculation = Speculation(key, frames, reply)
 
-    async def _confirmable(self, frames: list[ImageFrame], emit) -> str | None:
-        """The speculation the commit confirms; retracted instead where its images differ."""
+    async def _confirmable(self, frames: list[ImageFrame], reply: ReplyParams | None, emit) -> str | None:
+        """The speculation the commit confirms; retracted instead where its images or its reply
+        differ (a commit without reply must not have the reply header the model holds)."""
         speculation = self.speculation
         if speculation is None:
             return None
-        if len(frames) != len(speculation.frames) or any(a is not b for a, b in zip(frames, speculation.frames)):
+        same_reply = reply is not None and reply == msgspec.structs.replace(speculation.reply, response_id=reply.response_id)
+        if not same_reply or len(frames) != len(speculation.frames) or any(a is not b for a, b in zip(frames, speculation.frames)):
             await self._retract(emit)
             return None
         self.speculation = None
@@ -445,7 +457,7 @@ class DialogSession(NodeSession):
         if self.speculation is None:
             return
         key, self.speculation = self.speculation.key, None
-        # With the session's system prompt, as every turn has it (else the model would rebuild it).
+        # Content-free: preprocessing passes it without compute, the model only restores.
         await emit("turns", Turn(turn_id=self._next_turn(), retracts=key, instructions=self.instructions,
                                  tools=self.tools, media_ms=self.now_ms))
 

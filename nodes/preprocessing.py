@@ -8,7 +8,8 @@ requests) and stateless speech requests. Output `features`: one `Features` per t
 `tensors` = `nodes.qwen3_omni.inputs.TurnInputs.tensors()` (input_ids, audio features, image
 patches, system_ids) and `meta` = {role, out_of_band, insert_after, delete_key, text_tokens,
 audio_tokens, image_tokens, awaited, transcribe, speculative, confirms, retracts} (the last five as
-the `Turn` has them).
+the `Turn` has them). A turn that confirms or retracts an early prefill (nodes/dialog.py) is only
+its meta: empty `tensors`, no compute (the model holds its content already).
 
 The chat format (see `inputs.py`) is laid out per session:
 - every turn carries `tensors["system_ids"]`, the system message the history must start with (the
@@ -72,7 +73,9 @@ class PreprocessingSession(NodeSession):
         if not isinstance(message, Turn):
             return
         turn = message
-        if turn.speak:
+        if turn.confirms is not None or turn.retracts is not None:
+            features = self._without_content(turn)  # no compute: on the path to the reply's first audio
+        elif turn.speak:
             features = await self.node.context.compute.run(self._speech, turn)
         else:
             features = await self.node.context.compute.run(self._turn, turn)
@@ -129,6 +132,33 @@ class PreprocessingSession(NodeSession):
                 "awaited": turn.awaited,
                 "transcribe": turn.transcribe,
                 "speculative": turn.speculative,
+                "confirms": turn.confirms,
+                "retracts": turn.retracts,
+            },
+        )
+
+    @staticmethod
+    def _without_content(turn: Turn) -> Features:
+        """A turn that confirms or retracts an early prefill: the model holds its content (and a
+        confirmed utterance's reply header) already, so it is only its meta."""
+        return Features(
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            media_ms=turn.media_ms,
+            item_id=turn.item_id,
+            tensors={},
+            reply=turn.reply,
+            meta={
+                "role": turn.role,
+                "out_of_band": bool(turn.reply and turn.reply.out_of_band),
+                "insert_after": None,
+                "delete_key": None,
+                "text_tokens": 0,
+                "audio_tokens": 0,
+                "image_tokens": 0,
+                "awaited": turn.awaited,
+                "transcribe": turn.transcribe,
+                "speculative": False,
                 "confirms": turn.confirms,
                 "retracts": turn.retracts,
             },

@@ -57,16 +57,20 @@ re-prefills the rest (the next reply's `cached_tokens` counts only the kept pref
 then gets the rebuilt history.
 
 Early prefill (server VAD, nodes/dialog.py): a turn with `meta["speculative"]` is a user
-utterance sent during the pause before its turn ends, under a private item key. The thinker
-prefills it after a `ThinkerSession.checkpoint()` and tells no one (its talker prompt chunk is
-held; no event; no transcript pass runs meanwhile). The next turn confirms it (`meta["confirms"]`:
-a content-free turn with the real item id, reply and transcript settings): the history item takes
-that id, the held chunk goes out, and the turn's reply runs as after a manual commit (the
-utterance counts as the reply's input, not cached); or retracts it (`meta["retracts"]`): `restore`,
-no forward, as if it never came. An utterance whose prefill would rebuild the history (a new
-system prompt), or that a Truncate of the reply before it overtook, goes into the KV only at its
-confirm; one whose prefill failed fails the confirm's reply with that code; a confirm naming
-nothing held fails with `internal`; any other turn drops a held utterance (its confirm was purged).
+utterance sent during the pause before its turn ends, under a private item key, with its automatic
+reply under a provisional response id. The thinker prefills it after a
+`ThinkerSession.checkpoint()` exactly as an ordinary turn with its reply (utterance and assistant
+header in one forward; the engine's reply, logits and sampling set) and tells no one (its talker
+prompt chunk is held; no event; no transcript pass runs meanwhile). The next turn confirms it
+(`meta["confirms"]`: a content-free turn with the real item id, the same reply under its real
+response id, and transcript settings): both history keys take the real ids, the held chunk goes
+out, and the reply decodes at once, with no forward before its first step (the utterance counts as
+the reply's input, not cached); or retracts it (`meta["retracts"]`): `restore`, no forward, as if
+it never came. An utterance whose prefill would rebuild the history (a new system prompt), failed,
+or that a Truncate of the reply before it overtook, goes into the KV only at its confirm, as an
+ordinary turn with the confirm's reply (a failure fails that reply with its code); a confirm
+naming nothing held fails with `internal`; any other turn drops a held utterance (its confirm was
+purged).
 
 Truncate (`conversation.item.truncate`: the listener heard `audio_end_ms` of the reply): codec
 frames last 80 ms (12.5 frames/s) and the talker has read reply tokens 0..f when it makes frame f,
@@ -173,14 +177,15 @@ class Thinker(Node):
 
 @dataclass
 class _Speculation:
-    """A user utterance prefilled early (`meta["speculative"]`), held until its turn is confirmed
-    or retracted. `checkpoint` None: not in the KV (it waits for the confirm: see `_speculate`)."""
+    """A user utterance prefilled early with its automatic reply's header (`meta["speculative"]`),
+    held until its turn is confirmed or retracted. `checkpoint` None: not in the KV (it goes in at
+    the confirm, as an ordinary turn: see `_speculate`)."""
 
     key: str  # its private history key
-    utterance: Embeddings
+    utterance: Embeddings  # with the provisional reply (`reply.response_id` its reply's history key)
     checkpoint: Checkpoint | None = None  # the session before it, for a retract
     chunk: HiddenChunk | None = None  # its talker prompt chunk, held back
-    error: ThinkerError | None = None  # its prefill failed (the session is as before it)
+    calls: ToolCallDecoder | None = None  # its reply's, as `_on_turn` makes it
 
 
 class ThinkerNodeSession(NodeSession):
@@ -312,31 +317,41 @@ class ThinkerNodeSession(NodeSession):
     # ------------------------------------------------------------------ early prefill
 
     async def _speculate(self, message: Embeddings) -> None:
-        """Prefill a user utterance ahead of its commit and tell no one: the KV takes it under its
-        private key, its talker prompt chunk is held for the confirm. One whose prefill would
-        rebuild the history (a new system prompt, an insertion) is only held and goes in at the
-        confirm, since a restore cannot undo a rebuild; one whose prefill fails leaves the session
-        as it was and fails at the confirm."""
+        """Prefill a user utterance ahead of its commit, with its automatic reply's header, and tell
+        no one: exactly the prefill of an ordinary turn with its reply (the KV takes the utterance
+        under its private key, the header under the provisional response id, the engine's reply
+        state is set: `restore` undoes all of it), its talker prompt chunk is held for the confirm.
+        One whose prefill would rebuild the history (a new system prompt, an insertion), whose
+        reply cannot have its tools or whose prefill fails is only held: it goes in at the confirm
+        as any turn (a restore cannot undo a rebuild; a failure then fails the reply as usual)."""
         self._drop_speculation()  # one at a time (the dialog never sends a second)
         await self._apply_truncate()  # as before any prefill
         speculation = self.speculation = _Speculation(message.item_id, message)
         self.node.early_prefills["early_prefill"] += 1
+        reply = message.reply
         system_ids = message.tensors.get("system_ids")
-        if message.meta.get("insert_after") is not None or (
+        if reply is None or message.meta.get("insert_after") is not None or (
             system_ids is not None and self.engine.system_prompt_changes(system_ids)
         ):
             return
+        try:
+            calls = ToolCallDecoder.for_reply(self.node.omni, reply.tools, reply.tool_choice, reply.parallel_tool_calls)
+        except ToolCallsUnavailable:
+            return
         mark = self.engine.checkpoint()
+        self.engine.set_sampling(self._sampling_for(reply))
         executor = self.node.executor
         try:
             if system_ids is not None:  # the history is empty or starts with it: only noted
                 await executor.call(self.engine.system_prompt_work(system_ids))
-            prefill = await executor.call(self.engine.prefill_work(message.tensors, reply=False, key=message.item_id))
-        except ThinkerError as error:
+            prefill = await executor.call(self.engine.prefill_work(
+                message.tensors, reply=True, out_of_band=reply.out_of_band, max_reply_tokens=reply.max_output_tokens,
+                calls=calls, key=message.item_id, reply_key=reply.response_id,
+            ))
+        except ThinkerError:
             self.engine.restore(mark)
-            speculation.error = error
             return
-        speculation.checkpoint, speculation.chunk = mark, self._prompt_chunk(message, prefill)
+        speculation.checkpoint, speculation.chunk, speculation.calls = mark, self._prompt_chunk(message, prefill), calls
 
     def _drop_speculation(self) -> None:
         """Forget the held early prefill: the session is as before it (no forward)."""
@@ -347,11 +362,12 @@ class ThinkerNodeSession(NodeSession):
                 self.engine.restore(speculation.checkpoint)
 
     async def _confirm(self, message: Embeddings, emit: Emit) -> tuple[Embeddings, bool]:
-        """The held early prefill `meta["confirms"]` names becomes this turn's committed utterance:
-        it takes the turn's item id, its talker prompt chunk goes out, then this content-free turn's
-        own reply runs (its assistant header, as after a manual commit). Returns the utterance as
-        the transcriber sees it (this turn with the held utterance's audio) and whether it joined
-        the history."""
+        """The held early prefill `meta["confirms"]` names becomes this turn's committed utterance
+        and its reply this turn's reply (`message.reply`: the same params, the real response id):
+        the history keys take the turn's item and response ids, the held talker prompt chunk goes
+        out and the reply decodes at once (no forward before its first step). One not in the KV
+        goes in now as an ordinary turn. Returns the utterance as the transcriber sees it (this
+        turn with the held utterance's audio) and whether it joined the history."""
         reply = message.reply
         if reply is not None:  # an Interrupt naming the reply reaches it from here on
             self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
@@ -367,44 +383,25 @@ class ThinkerNodeSession(NodeSession):
         utterance = msgspec.structs.replace(
             message, meta={**message.meta, "audio_tokens": speculation.utterance.meta.get("audio_tokens", 0)}
         )
-        error = speculation.error
-        if error is None and speculation.checkpoint is None:
-            error = await self._add_held(speculation.utterance, message, emit)
-        elif error is None:
-            self.engine.history.rename(key, message.item_id)
-            chunk = speculation.chunk
-            assert chunk is not None
-            await emit("hidden", msgspec.structs.replace(
-                chunk, turn_id=message.turn_id, media_ms=message.media_ms,
-                tensors={**chunk.tensors, "reply_follows": reply is not None},
-            ))
-        if error is not None:
-            await self._fail(message, error, emit)
-            return utterance, False
-        if reply is not None:
-            # Its header is the reply's own history item, named by the response id.
-            await self._on_turn("embeddings", msgspec.structs.replace(message, item_id=""), emit)
+        if reply is None and speculation.checkpoint is not None:
+            # The KV holds a reply header this turn must not have (the dialog sends no such confirm).
+            self.engine.restore(speculation.checkpoint)
+            speculation.checkpoint = None
+        if speculation.checkpoint is None:
+            turns = self.engine.turns
+            await self._on_turn("embeddings", msgspec.structs.replace(
+                speculation.utterance, item_id=message.item_id, turn_id=message.turn_id, media_ms=message.media_ms,
+                reply=reply), emit)
+            return utterance, self.engine.turns > turns
+        held, chunk = speculation.utterance.reply, speculation.chunk
+        assert reply is not None and held is not None and chunk is not None  # as `_speculate` left it
+        self.engine.history.rename(key, message.item_id)
+        self.engine.history.rename(held.response_id, reply.response_id)
+        await emit("hidden", msgspec.structs.replace(chunk, turn_id=message.turn_id, media_ms=message.media_ms))
+        if self.interrupted:
+            self.engine.interrupt()  # it came meanwhile; the first step now stops
+        await self._reply(message, reply, emit, speculation.calls)
         return utterance, True
-
-    async def _add_held(self, held: Embeddings, message: Embeddings, emit: Emit) -> ThinkerError | None:
-        """A held utterance that is not in the KV goes in now, as any committed utterance, under
-        the confirming turn's item id."""
-        utterance = msgspec.structs.replace(held, item_id=message.item_id, turn_id=message.turn_id,
-                                            media_ms=message.media_ms)
-        try:
-            await self._edit_history(utterance, emit)
-            prefill = await self.node.executor.call(self.engine.prefill_work(
-                utterance.tensors, reply=False, key=utterance.item_id, insert_after=utterance.meta.get("insert_after"),
-            ))
-        except ThinkerError as error:
-            return error
-        if prefill.rebuilt:
-            await self._restart_talker(utterance, emit)
-        else:
-            chunk = self._prompt_chunk(utterance, prefill)
-            chunk.tensors["reply_follows"] = message.reply is not None
-            await emit("hidden", chunk)
-        return None
 
     # ------------------------------------------------------------------ history edits
 

@@ -836,6 +836,7 @@ class ThinkerSession:
         self._reply, self._last_logits = checkpoint.reply, checkpoint.last_logits
         self._previous_context = min(checkpoint.previous_context, len(self.context_ids))
         self.sampling, self._generator = checkpoint.sampling, checkpoint.generator
+        self._suppress[list(self.tokens.eos)] = self.sampling.ignore_eos  # as `set_sampling` left it
         self._unfed_system = list(checkpoint.unfed_system)
         self._interrupt.clear()
 

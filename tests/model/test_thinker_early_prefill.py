@@ -1,5 +1,6 @@
-"""Early prefill in the thinker node (nodes/thinker.py): a user utterance prefilled during the pause
-before its turn ends (`Turn.speculative`), then confirmed (`confirms`) or retracted (`retracts`).
+"""Early prefill in the thinker node (nodes/thinker.py): a user utterance prefilled with its automatic
+reply's header during the pause before its turn ends (`Turn.speculative`, the reply under a
+provisional response id), then confirmed (`confirms`) or retracted (`retracts`).
 
 Each test feeds two sessions on the tiny checkpoint (greedy) the same conversation, one the
 ordinary way (the utterance committed with its reply) and one through an early prefill, and holds
@@ -81,8 +82,10 @@ def spoken(turn_id: int, item_id: str, seconds: float = 1.0, seed: int = 0, **fi
     return Turn(turn_id=turn_id, item_id=item_id, audio=speech(seconds, seed), **fields)
 
 
-def speculative(turn_id: int, key: str, seconds: float = 1.0, seed: int = 0) -> Turn:
-    return spoken(turn_id, key, seconds, seed, speculative=True)
+def speculative(turn_id: int, key: str, seconds: float = 1.0, seed: int = 0, **fields) -> Turn:
+    """As nodes/dialog.py sends it: with the automatic reply under a provisional response id."""
+    fields.setdefault("reply", reply(f"spec_resp_{key}"))
+    return spoken(turn_id, key, seconds, seed, speculative=True, **fields)
 
 
 def confirming(turn_id: int, key: str, item_id: str, response_id: str | None, **fields) -> Turn:
@@ -137,9 +140,11 @@ async def test_a_confirmed_early_prefill_replies_as_the_committed_utterance_woul
     assert model_state(runtime, early) == model_state(runtime, plain)
     assert model_state(runtime, early)[1][-2:] == ["item_2", "r2"]  # the private key is gone
     assert_same_talker_prompt(out, expected)
+    # One prompt chunk, user parts and reply header, as the ordinary turn's: the talker takes the
+    # user turn in with the reply.
+    assert len(prompts(out)) == len(prompts(expected)) == 1 and prompts(out)[0].tensors["reply_follows"]
     # Nothing went out before the confirm: all of it is the confirming turn's.
     assert {m.turn_id for m in out} == {3}
-    assert prompts(out)[0].tensors["reply_follows"]  # the talker takes the user turn in with the reply
     assert runtime.nodes["thinker"].counters() == {"early_prefill": 1, "early_prefill_confirmed": 1}  # /metrics
 
     # And the conversation goes on the same.
@@ -172,6 +177,40 @@ async def test_a_retracted_early_prefill_leaves_no_trace(runtime):
     assert model_state(runtime, early) == model_state(runtime, plain)
     assert not [m for m in first + second if m.turn_id in (1, 2, 4, 5, 6)]  # nothing reached `hidden`/`text`
     assert runtime.nodes["thinker"].counters() == {"early_prefill": 2, "early_prefill_dropped": 2}  # /metrics
+
+
+async def test_a_retract_restores_the_reply_state_the_early_prefill_set(runtime):
+    plain, early = await runtime.open_session("plain"), await runtime.open_session("early")
+    for session in (plain, early):
+        await session.send("turns", Turn(turn_id=1, item_id="item_1", text="Hello.", reply=reply("r1")))
+        await collect(session, reply_ended("r1"))
+    engine = thinker(runtime, early).engine
+
+    def reply_state():
+        return engine._reply, engine._last_logits, engine.sampling, engine._generator, engine._suppress.clone()
+
+    before = reply_state()
+    # Its reply samples otherwise: the prefill sets the reply, its logits, sampling and generator.
+    sampled = reply("spec_resp_a", sampling={"temperature": 0.7, "seed": 5})
+    await early.send("turns", speculative(2, "spec_a", reply=sampled))
+    await held_in_the_kv(thinker(runtime, early))
+    held = reply_state()
+    assert held[0] is not before[0] and held[2] != before[2] and held[3] is not None
+    await early.send("turns", Turn(turn_id=3, retracts="spec_a"))
+    async with asyncio.timeout(30):
+        while thinker(runtime, early).speculation is not None:
+            await asyncio.sleep(0.01)
+
+    after = reply_state()
+    assert after[0] is before[0] and after[1] is before[1] and after[2] == before[2] and after[3] is before[3]
+    assert torch.equal(after[4], before[4])
+    # The previous reply is still the one a Truncate cuts, and the conversation goes on the same.
+    for session in (plain, early):
+        session.control(Truncate(turn_id=1, response_id="r1", item_id="item_r1", audio_end_ms=160.0))
+        await session.send("turns", spoken(4, "item_4", awaited=True, reply=reply("r2")))
+    out, expected = await collect(early, reply_ended("r2")), await collect(plain, reply_ended("r2"))
+    assert reply_tokens(out) == reply_tokens(expected) and out[-1].usage == expected[-1].usage
+    assert model_state(runtime, early) == model_state(runtime, plain)
 
 
 async def test_a_held_early_prefill_that_another_turn_overtakes_is_dropped(runtime):
@@ -209,7 +248,7 @@ async def test_an_early_prefill_under_new_instructions_goes_in_at_its_confirm(ru
         await collect(session, reply_ended("r1"))
     # New instructions: the utterance's prefill would rebuild the history, which no restore undoes.
     await plain.send("turns", spoken(2, "item_2", instructions="Be terse.", awaited=True, reply=reply("r2")))
-    await early.send("turns", spoken(2, "spec_a", instructions="Be terse.", speculative=True))
+    await early.send("turns", speculative(2, "spec_a", instructions="Be terse."))
     await early.send("turns", confirming(3, "spec_a", "item_2", "r2", instructions="Be terse."))
     out, expected = await collect(early, reply_ended("r2")), await collect(plain, reply_ended("r2"))
     assert reply_tokens(out) == reply_tokens(expected) and out[-1].usage == expected[-1].usage
@@ -221,7 +260,7 @@ async def test_a_confirm_with_transcribe_reports_the_transcript_under_the_real_i
     plain, early = await runtime.open_session("plain"), await runtime.open_session("early")
     text_reply = reply("r1", output_modalities=("text",))
     await plain.send("turns", spoken(1, "item_1", awaited=True, transcribe=KEEP, reply=text_reply))
-    await early.send("turns", speculative(1, "spec_a"))
+    await early.send("turns", speculative(1, "spec_a", reply=reply("spec_resp_a", output_modalities=("text",))))
     await early.send("turns", Turn(turn_id=2, item_id="item_1", confirms="spec_a", awaited=True, transcribe=KEEP,
                                    reply=text_reply))
     until = both(reply_ended("r1"), transcript_ended("item_1"))

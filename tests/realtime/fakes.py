@@ -6,9 +6,9 @@ history that was already prefilled before this turn. It answers a `Turn` carryin
 `words` TextDeltas, each followed (audio replies) by `chunk_ms` of a 24 kHz tone, pausing
 `delay_s` between words; an `Interrupt` stops it at the next word with `TurnDone(cancelled)`.
 Every turn and control it saw is recorded per session for assertions. An early prefill's turns
-(nodes/dialog.py) are folded as the thinker folds them: a speculative turn waits aside, its
-confirming turn is recorded as the one turn it makes (with the speculation's audio and images),
-a retracted one is forgotten.
+(nodes/dialog.py) are folded as the thinker folds them: a speculative turn waits aside (its
+provisional reply unanswered), its confirming turn is recorded as the one turn it makes (with the
+speculation's audio and images, the confirm's reply), a retracted one is forgotten.
 """
 
 from __future__ import annotations

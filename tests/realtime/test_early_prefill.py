@@ -5,6 +5,7 @@ window speech), so the windows the events follow are exact."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from graph.messages import (
     AudioChunk,
     Clear,
     Commit,
+    Configure,
     CreateResponse,
     ImageFrame,
     NodeEvent,
@@ -172,7 +174,12 @@ async def test_a_pause_sends_the_utterance_ahead_and_the_stop_confirms_it_with_t
     (normal,) = turns_of(expected)
     assert speculative.speculative and speculative.item_id.startswith("spec_")
     assert len(speculative.audio) == 16 * 800  # 300 ms prefix + speech up to the pause
-    assert speculative.images == [b"frame"] and speculative.reply is None and not speculative.awaited
+    assert speculative.images == [b"frame"] and not speculative.awaited
+    # It carries the automatic reply under a provisional id the client never sees, asked for by no one yet.
+    provisional = speculative.reply
+    assert provisional is not None and provisional.response_id.startswith("spec_resp_")
+    assert provisional.response_id not in {f.get("response_id") for _, f in client_view(out)}
+    assert not dialog_runtime.sessions[early.id]._node_sessions["dialog"].open_replies - {confirming.reply.response_id}
     assert speculative.media_ms == normal.media_ms == 0
     committed = out[-1]
     assert confirming.confirms == speculative.item_id and not confirming.speculative
@@ -181,6 +188,8 @@ async def test_a_pause_sends_the_utterance_ahead_and_the_stop_confirms_it_with_t
     assert confirming.reply is not None and confirming.reply.response_id == committed.fields["response_id"]
     assert confirming.awaited and confirming.turn_id == committed.turn_id
     assert (confirming.media_ms, confirming.reply.voice, confirming.transcribe) == (normal.media_ms, normal.reply.voice, None)
+    # The same reply, under the real id.
+    assert confirming.reply == msgspec.structs.replace(provisional, response_id=confirming.reply.response_id)
     assert len(normal.audio) == 16 * 1100 and normal.confirms is None
 
 
@@ -197,8 +206,9 @@ async def test_speech_resuming_retracts_the_speculation_and_the_stop_commits_the
 
 @pytest.mark.parametrize(
     "during_pause",
-    [Clear(), CreateResponse(reply=ReplyParams(response_id="resp_x")), Commit(), ImageFrame(image=b"late", media_ms=850)],
-    ids=["clear", "create_response", "commit", "image"],
+    [Clear(), CreateResponse(reply=ReplyParams(response_id="resp_x")), Commit(), ImageFrame(image=b"late", media_ms=850),
+     Configure(target="dialog", config={"auto_reply": ReplyParams(voice="cedar")})],
+    ids=["clear", "create_response", "commit", "image", "configure"],
 )
 async def test_anything_else_during_the_pause_retracts_the_speculation_first(dialog_runtime, during_pause):
     session = await dialog_runtime.open_session("other", config=AUTO)
@@ -210,9 +220,34 @@ async def test_anything_else_during_the_pause_retracts_the_speculation_first(dia
     assert speculative.speculative and retracting.retracts == speculative.item_id
     assert out.index(retracting) == out.index(speculative) + 1  # before the command did anything
     assert not any(turn.confirms for turn in turns)
-    if isinstance(during_pause, (CreateResponse, ImageFrame)):
+    if isinstance(during_pause, (CreateResponse, ImageFrame, Configure)):
         # The utterance went on and was committed the old way, with all its audio.
         assert len(turns[-1].audio) == 16 * 1100
+    if isinstance(during_pause, Configure):  # with the new automatic reply
+        assert turns[-1].reply is not None and turns[-1].reply.voice == "cedar"
+
+
+async def test_a_commit_without_its_reply_retracts_the_speculation_and_commits_the_full_utterance(dialog_runtime):
+    session = await dialog_runtime.open_session("full_queue", config=AUTO)
+    for ms in range(0, 300, 100):
+        await session.send("in", chunk16(ms, value=0.0))
+    await session.send("in", SpeechStarted(audio_start_ms=300))
+    for ms in range(300, 800, 100):
+        await session.send("in", chunk16(ms))
+    await session.send("in", SpeechPaused(audio_end_ms=800))
+    (speculative,) = turns_of(await drain(session, "Turn"))
+    # The queue of replies is full by the stop (the state the commit reads): the reply is refused.
+    dialog = dialog_runtime.sessions[session.id]._node_sessions["dialog"]
+    dialog.open_replies.update(f"resp_{n}" for n in range(dialog.node.max_queued_turns + 1))
+    for ms in range(800, 1100, 100):
+        await session.send("in", chunk16(ms, value=0.0))
+    await session.send("in", SpeechStopped(audio_end_ms=1100))
+    out = await drain(session, "committed")
+    retracting, committed = turns_of(out)
+    # The model holds a reply header this turn must not have: out with it, and in the old way.
+    assert retracting.retracts == speculative.item_id
+    assert committed.reply is None and committed.confirms is None and len(committed.audio) == 16 * 1100
+    assert "response_id" not in out[-1].fields
 
 
 async def test_no_speculation_while_a_reply_is_open(dialog_runtime):
