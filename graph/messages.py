@@ -150,20 +150,44 @@ class Turn(Message, kw_only=True):
 # --------------------------------------------------------------------------- model side
 
 
+class TurnMeta(msgspec.Struct, kw_only=True, frozen=True):
+    """What the thinker (and its transcriber) must know of a turn besides its tensors: made by
+    preprocessing from the `Turn`, passed on unchanged by the encoders. Copy with changes via
+    `msgspec.structs.replace`."""
+
+    role: str = "user"
+    insert_after: list[str] | None = None  # as `Turn.insert_after`
+    delete_key: str | None = None  # as `Turn.delete_key`
+    # The turn's input tokens by kind (usage, and which items the transcriber counts as spoken).
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    image_tokens: int = 0
+    awaited: bool = False  # as `Turn.awaited`
+    transcribe: dict[str, Any] | None = None  # as `Turn.transcribe`
+    speculative: bool = False  # as `Turn.speculative`
+    confirms: str | None = None  # as `Turn.confirms`
+    retracts: str | None = None  # as `Turn.retracts`
+    # A stateless speech request (`Turn.speak`): the reply is exactly `text`, spoken.
+    speak: bool = False
+    text: str = ""
+
+
 class Features(Message, kw_only=True):
-    """Model inputs for one turn (token ids, audio features, image pixels)."""
+    """Model inputs for one turn (token ids, audio features, image pixels) and its `TurnMeta`."""
 
     item_id: str = ""
     tensors: dict[str, Any] = {}
     reply: ReplyParams | None = None
-    meta: dict[str, Any] = {}
+    meta: TurnMeta = msgspec.field(default_factory=TurnMeta)
 
 
 class Embeddings(Message, kw_only=True):
+    """A turn's `Features` with its audio and images encoded (the thinker's input)."""
+
     item_id: str = ""
     tensors: dict[str, Any] = {}
     reply: ReplyParams | None = None
-    meta: dict[str, Any] = {}
+    meta: TurnMeta = msgspec.field(default_factory=TurnMeta)
 
 
 class TextDelta(Message, kw_only=True):

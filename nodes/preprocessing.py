@@ -6,10 +6,10 @@
 Input `turns`: `Turn`s from dialog (user utterances with their images, client items, reply
 requests) and stateless speech requests. Output `features`: one `Features` per turn with
 `tensors` = `nodes.qwen3_omni.inputs.TurnInputs.tensors()` (input_ids, audio features, image
-patches, system_ids) and `meta` = {role, out_of_band, insert_after, delete_key, text_tokens,
-audio_tokens, image_tokens, awaited, transcribe, speculative, confirms, retracts} (the last five as
-the `Turn` has them). A turn that confirms or retracts an early prefill (nodes/dialog.py) is only
-its meta: empty `tensors`, no compute (the model holds its content already).
+patches, system_ids) and `meta`, a `graph.messages.TurnMeta` (role, insert_after,
+delete_key, text_tokens, audio_tokens, image_tokens, awaited, transcribe, speculative, confirms,
+retracts: those the `Turn` has, as it has them). A turn that confirms or retracts an early prefill
+(nodes/dialog.py) is only its meta: empty `tensors`, no compute (the model holds its content already).
 
 The chat format (see `inputs.py`) is laid out per session:
 - every turn carries `tensors["system_ids"]`, the system message the history must start with (the
@@ -19,10 +19,10 @@ The chat format (see `inputs.py`) is laid out per session:
 - a reply that brings its own instructions (or tools) gets a system message with them in front
   (the history keeps it, with the reply);
 - a turn with `reply` ends with the assistant header, so the thinker answers right after it;
-- `meta["insert_after"]` / `meta["delete_key"]` carry the turn's history edit (`Turn`) to the thinker.
+- `meta.insert_after` / `meta.delete_key` carry the turn's history edit (`Turn`) to the thinker.
 
 Speech requests (`speak=True`: the reply is exactly `text`) need no thinker: their
-`Features.meta["speak"]` is set, `tensors["reply_ids"]` holds the text's tokens and
+`Features.meta` has `speak` set and the `text`, `tensors["reply_ids"]` holds the text's tokens and
 `tensors["input_ids"]` the talker's prompt (the instructions as a user message, if any, then the
 assistant header).
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graph.messages import Features, Message, Turn
+from graph.messages import Features, Message, Turn, TurnMeta
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import PreprocessingParams
@@ -84,7 +84,6 @@ class PreprocessingSession(NodeSession):
     def _turn(self, turn: Turn) -> Features:
         omni = self.node.omni
         reply = turn.reply
-        out_of_band = bool(reply and reply.out_of_band)
         base_prompt = turn.instructions if turn.instructions is not None else omni.system_prompt
         session_prompt = system_with_tools(base_prompt, turn.tools)
         # A reply's own instructions: a system message in front of it (kept with the reply).
@@ -121,20 +120,19 @@ class PreprocessingSession(NodeSession):
             item_id=turn.item_id,
             tensors=tensors,
             reply=reply,
-            meta={
-                "role": turn.role,
-                "out_of_band": out_of_band,
-                "insert_after": turn.insert_after,
-                "delete_key": turn.delete_key,
-                "text_tokens": inputs.text_tokens,
-                "audio_tokens": inputs.audio_tokens,
-                "image_tokens": inputs.image_tokens,
-                "awaited": turn.awaited,
-                "transcribe": turn.transcribe,
-                "speculative": turn.speculative,
-                "confirms": turn.confirms,
-                "retracts": turn.retracts,
-            },
+            meta=TurnMeta(
+                role=turn.role,
+                insert_after=turn.insert_after,
+                delete_key=turn.delete_key,
+                text_tokens=inputs.text_tokens,
+                audio_tokens=inputs.audio_tokens,
+                image_tokens=inputs.image_tokens,
+                awaited=turn.awaited,
+                transcribe=turn.transcribe,
+                speculative=turn.speculative,
+                confirms=turn.confirms,
+                retracts=turn.retracts,
+            ),
         )
 
     @staticmethod
@@ -148,20 +146,13 @@ class PreprocessingSession(NodeSession):
             item_id=turn.item_id,
             tensors={},
             reply=turn.reply,
-            meta={
-                "role": turn.role,
-                "out_of_band": bool(turn.reply and turn.reply.out_of_band),
-                "insert_after": None,
-                "delete_key": None,
-                "text_tokens": 0,
-                "audio_tokens": 0,
-                "image_tokens": 0,
-                "awaited": turn.awaited,
-                "transcribe": turn.transcribe,
-                "speculative": False,
-                "confirms": turn.confirms,
-                "retracts": turn.retracts,
-            },
+            meta=TurnMeta(
+                role=turn.role,
+                awaited=turn.awaited,
+                transcribe=turn.transcribe,
+                confirms=turn.confirms,
+                retracts=turn.retracts,
+            ),
         )
 
     def _speech(self, turn: Turn) -> Features:
@@ -179,12 +170,10 @@ class PreprocessingSession(NodeSession):
                 "reply_ids": torch.tensor(reply_ids, dtype=torch.long),
             },
             reply=turn.reply,
-            meta={
-                "role": "assistant",
-                "speak": True,
-                "text": turn.text or "",
-                "text_tokens": len(reply_ids) + (prompt.text_tokens - 3 if instructions else 0),
-                "audio_tokens": 0,
-                "image_tokens": 0,
-            },
+            meta=TurnMeta(
+                role="assistant",
+                speak=True,
+                text=turn.text or "",
+                text_tokens=len(reply_ids) + (prompt.text_tokens - 3 if instructions else 0),
+            ),
         )

@@ -50,22 +50,22 @@ Finish reasons -> TurnDone: EOS -> completed; the reply's `max_output_tokens` or
 
 History edits (nodes/qwen3_omni/thinker_history.py): every turn carries the system message the
 history must start with (`tensors["system_ids"]`); a different one than the history holds
-replaces it before the turn. A turn with `meta["delete_key"]` removes that item (a reply's key is
-its response id) and is nothing more; one with `meta["insert_after"]` goes after the first of
+replaces it before the turn. A turn with `meta.delete_key` removes that item (a reply's key is
+its response id) and is nothing more; one with `meta.insert_after` goes after the first of
 those items the history holds. Each keeps the KV up to the first changed position and
 re-prefills the rest (the next reply's `cached_tokens` counts only the kept prefix); the talker
 then gets the rebuilt history.
 
-Early prefill (server VAD, nodes/dialog.py): a turn with `meta["speculative"]` is a user
+Early prefill (server VAD, nodes/dialog.py): a turn with `meta.speculative` is a user
 utterance sent during the pause before its turn ends, under a private item key, with its automatic
 reply under a provisional response id. The thinker prefills it after a
 `ThinkerSession.checkpoint()` exactly as an ordinary turn with its reply (utterance and assistant
 header in one forward; the engine's reply, logits and sampling set) and tells no one (its talker
 prompt chunk is held; no event; no transcript pass runs meanwhile). The next turn confirms it
-(`meta["confirms"]`: a content-free turn with the real item id, the same reply under its real
+(`meta.confirms`: a content-free turn with the real item id, the same reply under its real
 response id, and transcript settings): both history keys take the real ids, the held chunk goes
 out, and the reply decodes at once, with no forward before its first step (the utterance counts as
-the reply's input, not cached); or retracts it (`meta["retracts"]`): `restore`, no forward, as if
+the reply's input, not cached); or retracts it (`meta.retracts`): `restore`, no forward, as if
 it never came. An utterance whose prefill would rebuild the history (a new system prompt), failed,
 or that a Truncate of the reply before it overtook, goes into the KV only at its confirm, as an
 ordinary turn with the confirm's reply (a failure fails that reply with its code); a confirm
@@ -78,7 +78,7 @@ so `ceil(audio_end_ms / 80)` heard frames bound the heard text to that many repl
 is cut to them in the history and the KV cache (an upper bound: the talker reads text 3-4x faster
 than it speaks, so some unheard words may stay). It is applied before the session's next model call.
 
-Speech requests (`meta["speak"]`) skip the thinker: the text's tokens go to the talker as the reply.
+Speech requests (`meta.speak`) skip the thinker: the text's tokens go to the talker as the reply.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class Thinker(Node):
 
 @dataclass
 class _Speculation:
-    """A user utterance prefilled early with its automatic reply's header (`meta["speculative"]`),
+    """A user utterance prefilled early with its automatic reply's header (`meta.speculative`),
     held until its turn is confirmed or retracted. `checkpoint` None: not in the KV (it goes in at
     the confirm, as an ordinary turn: see `_speculate`)."""
 
@@ -228,23 +228,23 @@ class ThinkerNodeSession(NodeSession):
     # ------------------------------------------------------------------ turns
 
     async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
-        if not isinstance(message, Embeddings) or message.meta.get("speak"):
+        if not isinstance(message, Embeddings) or message.meta.speak:
             await self._on_turn(stream, message, emit)
             return
         # A user transcript's pass in progress gives way first (nodes/qwen3_omni/transcription.py).
         await self.transcriber.give_way()
         meta = message.meta
-        if meta.get("speculative"):
+        if meta.speculative:
             # No transcript pass runs while it is held (the pass would see the utterance): the
             # transcriber hears of the thinker again at the confirm or the retract.
             await self._speculate(message)
             return
-        if meta.get("retracts") is not None:
-            if self.speculation is not None and self.speculation.key == meta["retracts"]:
+        if meta.retracts is not None:
+            if self.speculation is not None and self.speculation.key == meta.retracts:
                 self._drop_speculation()
             self.transcriber.handled(message, emit, in_history=False)
             return
-        if meta.get("confirms") is not None:
+        if meta.confirms is not None:
             utterance, in_history = await self._confirm(message, self.transcriber.emit_for(message, emit))
             self.transcriber.handled(utterance, emit, in_history=in_history)
             return
@@ -256,7 +256,7 @@ class ThinkerNodeSession(NodeSession):
     async def _on_turn(self, stream: str, message: Message, emit: Emit) -> None:
         if not isinstance(message, Embeddings):
             return
-        if message.meta.get("speak"):
+        if message.meta.speak:
             await self._speak(message, emit)
             return
         await self._apply_truncate()
@@ -289,7 +289,7 @@ class ThinkerNodeSession(NodeSession):
                     calls=calls,
                     key=message.item_id or (reply.response_id if reply is not None else None),
                     reply_key=reply.response_id if reply is not None else None,
-                    insert_after=message.meta.get("insert_after"),
+                    insert_after=message.meta.insert_after,
                 ),
             )
         except ThinkerError as error:
@@ -330,7 +330,7 @@ class ThinkerNodeSession(NodeSession):
         self.node.early_prefills["early_prefill"] += 1
         reply = message.reply
         system_ids = message.tensors.get("system_ids")
-        if reply is None or message.meta.get("insert_after") is not None or (
+        if reply is None or message.meta.insert_after is not None or (
             system_ids is not None and self.engine.system_prompt_changes(system_ids)
         ):
             return
@@ -362,7 +362,7 @@ class ThinkerNodeSession(NodeSession):
                 self.engine.restore(speculation.checkpoint)
 
     async def _confirm(self, message: Embeddings, emit: Emit) -> tuple[Embeddings, bool]:
-        """The held early prefill `meta["confirms"]` names becomes this turn's committed utterance
+        """The held early prefill `meta.confirms` names becomes this turn's committed utterance
         and its reply this turn's reply (`message.reply`: the same params, the real response id):
         the history keys take the turn's item and response ids, the held talker prompt chunk goes
         out and the reply decodes at once (no forward before its first step). One not in the KV
@@ -372,7 +372,7 @@ class ThinkerNodeSession(NodeSession):
         if reply is not None:  # an Interrupt naming the reply reaches it from here on
             self.reply_key, self.interrupted = (message.turn_id, reply.response_id), False
         await self._apply_truncate()  # may take the held utterance out of the KV again (see there)
-        key = message.meta["confirms"]
+        key = message.meta.confirms
         speculation = self.speculation
         if speculation is None or speculation.key != key:
             self._drop_speculation()
@@ -381,7 +381,7 @@ class ThinkerNodeSession(NodeSession):
         self.speculation = None
         self.node.early_prefills["early_prefill_confirmed"] += 1
         utterance = msgspec.structs.replace(
-            message, meta={**message.meta, "audio_tokens": speculation.utterance.meta.get("audio_tokens", 0)}
+            message, meta=msgspec.structs.replace(message.meta, audio_tokens=speculation.utterance.meta.audio_tokens)
         )
         if reply is None and speculation.checkpoint is not None:
             # The KV holds a reply header this turn must not have (the dialog sends no such confirm).
@@ -412,7 +412,7 @@ class ThinkerNodeSession(NodeSession):
         rebuilt = False
         if message.tensors.get("system_ids") is not None:
             rebuilt = await executor.call(self.engine.system_prompt_work(message.tensors["system_ids"]))
-        delete_key = message.meta.get("delete_key")
+        delete_key = message.meta.delete_key
         if delete_key is not None:
             rebuilt = await executor.call(self.engine.delete_work(delete_key)) or rebuilt
             if self.last_reply_key is not None and self.last_reply_key[1] == delete_key:
@@ -554,9 +554,9 @@ class ThinkerNodeSession(NodeSession):
             HiddenChunk(**base, response_id=reply.response_id, token_ids=reply_ids,
                         tensors={"voice": voice, "reply": reply, "finish_reason": "stop"}, final=True),
         )
-        text_tokens = int(message.meta.get("text_tokens", len(reply_ids)))
+        text_tokens = message.meta.text_tokens
         usage = Usage(input_tokens=text_tokens, input_text_tokens=text_tokens)
-        await emit("hidden", self._done(message, reply, "completed", None, usage, transcript=message.meta.get("text", "")))
+        await emit("hidden", self._done(message, reply, "completed", None, usage, transcript=message.meta.text))
 
     def _sampling_for(self, reply: ReplyParams) -> Sampling:
         if not reply.sampling:

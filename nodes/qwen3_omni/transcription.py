@@ -125,21 +125,21 @@ class Transcriber:
         self._thinker_busy = False
         self._emit = emit
         meta = message.meta
-        deleted = meta.get("delete_key")
+        deleted = meta.delete_key
         if deleted is not None:  # the item left the history: so does its transcript, if still to come
             self.jobs = deque(job for job in self.jobs if job.item_id != deleted)
             self.spoken_items = [item for item in self.spoken_items if item != deleted]
-        settings = meta.get("transcribe")
+        settings = meta.transcribe
         keep = settings is None or bool(settings.get("keep_in_history", True))
-        if settings is not None and meta.get("role") == "user":
+        if settings is not None and meta.role == "user":
             self.jobs.append(_Job(
                 item_id=message.item_id, turn_id=message.turn_id, language=settings.get("language"),
                 prompt=settings.get("prompt"), keep_in_history=keep, in_history=in_history,
-                audio_tokens=int(meta.get("audio_tokens") or 0),
+                audio_tokens=meta.audio_tokens,
             ))
-        if meta.get("role") == "user" and int(meta.get("audio_tokens") or 0) > 0 and in_history and keep:
+        if meta.role == "user" and meta.audio_tokens > 0 and in_history and keep:
             self.spoken_items.append(message.item_id)
-        self._reply_coming = message.reply is None and bool(meta.get("awaited"))
+        self._reply_coming = message.reply is None and meta.awaited
         self._start()
 
     def reply_cancelled(self) -> None:
@@ -245,5 +245,5 @@ def _instruction_turn(omni: Any, text: str) -> dict[str, Any]:
 
 
 def _forgotten(message: Embeddings) -> bool:
-    settings = message.meta.get("transcribe")
+    settings = message.meta.transcribe
     return settings is not None and not settings.get("keep_in_history", True)

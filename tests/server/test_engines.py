@@ -24,9 +24,12 @@ from graph.messages import (
     Configure,
     CreateResponse,
     DeleteItem,
+    Embeddings,
+    Features,
     InputEnd,
     ReplyDone,
     ReplyParams,
+    TurnMeta,
 )
 from graph.wire import Link
 from tests.conftest import free_port, http_client, running_server, serve_process
@@ -73,6 +76,30 @@ async def test_every_command_crosses_the_engine_link_as_the_same_typed_message()
     with_audio = received[-1]
     assert isinstance(with_audio, AddItem) and with_audio.target == "dialog"
     assert with_audio.audio.dtype == np.float32 and np.array_equal(with_audio.audio, audio)
+
+
+async def test_turn_meta_crosses_the_engine_link_unchanged():
+    ours, theirs = socket.socketpair()
+    sender, receiver = await Link.over(ours), await Link.over(theirs)
+    meta = TurnMeta(role="user", insert_after=["item_0"], delete_key="item_x", text_tokens=5,
+                    audio_tokens=7, image_tokens=2, awaited=True, transcribe={"language": "en"},
+                    speculative=True, confirms="early_1", retracts="early_0", speak=True, text="hi")
+    sent = [
+        Features(session_id="sess_1", turn_id=3, item_id="item_a", reply=ReplyParams(response_id="resp_a"), meta=meta),
+        Embeddings(session_id="sess_1", turn_id=3, item_id="item_a", meta=meta),
+        Features(),
+    ]
+    try:
+        for message in sent:
+            sender.send("output", "sess_1", message)
+        records = await receiver.receive()
+    finally:
+        sender.close()
+        receiver.close()
+    received = [payload for _, _, payload in records]
+    assert received == sent and [type(m) for m in received] == [type(m) for m in sent]
+    assert all(type(m.meta) is TurnMeta for m in received)
+    assert received[1].meta == meta and received[2].meta == TurnMeta()
 
 
 async def test_a_session_runs_in_an_engine_process_not_the_server():
