@@ -14,9 +14,18 @@ import asyncio
 import pytest
 import torch
 
-from graph.messages import HiddenChunk, NodeEvent, ReplyParams, TextDelta, Truncate, Turn, TurnDone
+from graph.messages import (
+    HiddenChunk,
+    NodeEvent,
+    ReplyParams,
+    TextDelta,
+    Truncate,
+    Turn,
+    TurnDone,
+)
 from graph.runtime import GraphRuntime
 from tests.model.test_thinker_nodes import profile, speech
+from tests.realtime.test_transcription import collect
 
 KEEP = {"language": "en", "prompt": None, "keep_in_history": True}
 
@@ -49,16 +58,6 @@ async def held_in_the_kv(node_session, timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while node_session.speculation is None or node_session.speculation.checkpoint is None:
             await asyncio.sleep(0.01)
-
-
-async def collect(session, done, timeout: float = 60.0) -> list:
-    out: list = []
-    async with asyncio.timeout(timeout):
-        async for message in session.outputs():
-            out.append(message)
-            if done(out):
-                return out
-    raise AssertionError(f"the session ended early: {session.end_reason}")
 
 
 def reply_ended(response_id: str):
