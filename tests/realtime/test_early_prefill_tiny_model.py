@@ -58,3 +58,28 @@ async def test_a_pause_inside_the_utterance_is_undone_and_the_turn_ends_as_witho
     # The model heard the whole utterance once (its trailing silence 300 ms shorter).
     assert 0 < done.usage.input_token_details.audio_tokens <= plain_done.usage.input_token_details.audio_tokens
     assert done.output[0].id != stopped(early).item_id  # the reply's item, not the user's
+
+
+async def test_a_reply_cancelled_as_its_turn_ends_leaves_the_session_answering():
+    """`response.cancel` right at `speech_stopped` (its confirming turn may be purged before the
+    thinker sees it): the held early prefill is dropped, and the next turn is answered."""
+    async with running_server(profile(300), api_key=API_KEY) as srv:
+        async with sdk_client(srv).realtime.connect(model=srv.runtime.model_id) as conn:
+            await until(conn, "session.created")
+            await append_pcm(conn, two_part_utterance())
+            await until(conn, "input_audio_buffer.speech_stopped", timeout=60)
+            await conn.response.cancel()
+            cancelled = await until(conn, "response.done", timeout=60)
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "Hello?"}]})
+            await conn.response.create()
+            answered = await until(conn, "response.done", timeout=120)
+        counts = srv.runtime.nodes["thinker"].counters()
+    assert cancelled[-1].response.status in ("cancelled", "completed")  # the cancel may come after the last token
+    assert not [e for e in cancelled + answered if e.type == "error"]
+    done = answered[-1].response
+    assert done.status == "completed" and done.output[0].content[0].transcript
+    # Both early prefills ended (the inner pause's dropped; the last confirmed, or dropped at the next
+    # turn when the cancel purged its confirm): none stays held in the model's history.
+    assert counts["early_prefill"] == 2 and counts["early_prefill_dropped"] >= 1
+    assert counts.get("early_prefill_confirmed", 0) + counts["early_prefill_dropped"] == 2
