@@ -14,11 +14,23 @@ from tests.realtime.speech import speech
 RATE = 24000
 
 
+def quiet(seconds: float) -> np.ndarray:
+    return np.zeros(int(RATE * seconds), np.float32)
+
+
+def kinds(events) -> list[str]:
+    """Event types, less the audio deltas (they come in chunks of their own pace)."""
+    return [e.type for e in events if e.type != "response.output_audio.delta"]
+
+
+def stopped(events):
+    return next(e for e in events if e.type == "input_audio_buffer.speech_stopped")
+
+
 def two_part_utterance() -> np.ndarray:
     """Speech, a pause of ~350 ms as the VAD hears it (100 ms here plus espeak's own silence around
     its words: past the early-prefill point at 200 ms, short of the 500 ms that ends the turn),
     more speech, then silence that ends it."""
-    quiet = lambda seconds: np.zeros(int(RATE * seconds), np.float32)  # noqa: E731
     return np.concatenate([quiet(0.3), speech("What is the weather like", RATE), quiet(0.1),
                            speech("today in Paris?", RATE), quiet(1.0)])
 
@@ -46,11 +58,9 @@ async def test_a_pause_inside_the_utterance_is_undone_and_the_turn_ends_as_witho
     # The pause inside was prefilled and dropped when the speech went on; the final one confirmed.
     assert counts == {"early_prefill": 2, "early_prefill_dropped": 1, "early_prefill_confirmed": 1}
     assert plain_counts == {}
-    # One turn either way, with the same events (audio deltas come in chunks of their own pace).
-    kinds = lambda events: [e.type for e in events if e.type != "response.output_audio.delta"]  # noqa: E731
+    # One turn either way, with the same events.
     assert kinds(early) == kinds(plain)
     assert [e.type for e in early].count("input_audio_buffer.speech_stopped") == 1
-    stopped = lambda events: next(e for e in events if e.type == "input_audio_buffer.speech_stopped")  # noqa: E731
     assert stopped(early).audio_end_ms == stopped(plain).audio_end_ms
     done, plain_done = early[-1].response, plain[-1].response
     assert done.status == plain_done.status == "completed"
