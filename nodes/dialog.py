@@ -447,7 +447,7 @@ class DialogSession(NodeSession):
         if speculation is None:
             return None
         same_reply = reply is not None and reply == msgspec.structs.replace(speculation.reply, response_id=reply.response_id)
-        if not same_reply or len(frames) != len(speculation.frames) or any(a is not b for a, b in zip(frames, speculation.frames)):
+        if not same_reply or frames != speculation.frames:
             await self._retract(emit)
             return None
         self.speculation = None
@@ -458,8 +458,7 @@ class DialogSession(NodeSession):
             return
         key, self.speculation = self.speculation.key, None
         # Content-free: preprocessing passes it without compute, the model only restores.
-        await emit("turns", Turn(turn_id=self._next_turn(), retracts=key, instructions=self.instructions,
-                                 tools=self.tools, media_ms=self.now_ms))
+        await emit("turns", Turn(turn_id=self._next_turn(), retracts=key, media_ms=self.now_ms))
 
     def _reset_utterance(self) -> None:
         self.utterance = []

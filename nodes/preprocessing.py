@@ -120,19 +120,8 @@ class PreprocessingSession(NodeSession):
             item_id=turn.item_id,
             tensors=tensors,
             reply=reply,
-            meta=TurnMeta(
-                role=turn.role,
-                insert_after=turn.insert_after,
-                delete_key=turn.delete_key,
-                text_tokens=inputs.text_tokens,
-                audio_tokens=inputs.audio_tokens,
-                image_tokens=inputs.image_tokens,
-                awaited=turn.awaited,
-                transcribe=turn.transcribe,
-                speculative=turn.speculative,
-                confirms=turn.confirms,
-                retracts=turn.retracts,
-            ),
+            meta=_meta(turn, text_tokens=inputs.text_tokens, audio_tokens=inputs.audio_tokens,
+                       image_tokens=inputs.image_tokens),
         )
 
     @staticmethod
@@ -146,13 +135,7 @@ class PreprocessingSession(NodeSession):
             item_id=turn.item_id,
             tensors={},
             reply=turn.reply,
-            meta=TurnMeta(
-                role=turn.role,
-                awaited=turn.awaited,
-                transcribe=turn.transcribe,
-                confirms=turn.confirms,
-                retracts=turn.retracts,
-            ),
+            meta=_meta(turn),
         )
 
     def _speech(self, turn: Turn) -> Features:
@@ -177,3 +160,10 @@ class PreprocessingSession(NodeSession):
                 text_tokens=len(reply_ids) + (prompt.text_tokens - 3 if instructions else 0),
             ),
         )
+
+
+def _meta(turn: Turn, **token_counts: int) -> TurnMeta:
+    """What the thinker must know of the turn besides its tensors, as the `Turn` says it."""
+    return TurnMeta(role=turn.role, insert_after=turn.insert_after, delete_key=turn.delete_key,
+                    awaited=turn.awaited, transcribe=turn.transcribe, speculative=turn.speculative,
+                    confirms=turn.confirms, retracts=turn.retracts, **token_counts)

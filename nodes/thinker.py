@@ -108,7 +108,7 @@ from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import ThinkerParams
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
-from nodes.qwen3_omni.thinker_engine import Checkpoint, Sampling, Step, ThinkerError, ThinkerSession
+from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 
@@ -280,18 +280,7 @@ class ThinkerNodeSession(NodeSession):
         try:
             if await self._edit_history(message, emit):
                 return
-            prefill = await self.node.executor.call(
-                self.engine.prefill_work(
-                    message.tensors,
-                    reply=reply is not None,
-                    out_of_band=bool(reply and reply.out_of_band),
-                    max_reply_tokens=reply.max_output_tokens if reply is not None else None,
-                    calls=calls,
-                    key=message.item_id or (reply.response_id if reply is not None else None),
-                    reply_key=reply.response_id if reply is not None else None,
-                    insert_after=message.meta.insert_after,
-                ),
-            )
+            prefill = await self._prefill(message, calls)
         except ThinkerError as error:
             await self._fail(message, error, emit)
             return
@@ -303,6 +292,22 @@ class ThinkerNodeSession(NodeSession):
             await emit("hidden", self._prompt_chunk(message, prefill))
         if reply is not None:
             await self._reply(message, reply, emit, calls)
+
+    async def _prefill(self, message: Embeddings, calls: ToolCallDecoder | None) -> Prefill:
+        """Put the turn into the KV (and its reply's assistant header, when it has a reply)."""
+        reply = message.reply
+        return await self.node.executor.call(
+            self.engine.prefill_work(
+                message.tensors,
+                reply=reply is not None,
+                out_of_band=bool(reply and reply.out_of_band),
+                max_reply_tokens=reply.max_output_tokens if reply is not None else None,
+                calls=calls,
+                key=message.item_id or (reply.response_id if reply is not None else None),
+                reply_key=reply.response_id if reply is not None else None,
+                insert_after=message.meta.insert_after,
+            ),
+        )
 
     async def _fail(self, message: Embeddings, error: ThinkerError, emit: Emit) -> None:
         """The turn could not join the history: its reply fails with the error's code; a turn
@@ -340,14 +345,10 @@ class ThinkerNodeSession(NodeSession):
             return
         mark = self.engine.checkpoint()
         self.engine.set_sampling(self._sampling_for(reply))
-        executor = self.node.executor
         try:
             if system_ids is not None:  # the history is empty or starts with it: only noted
-                await executor.call(self.engine.system_prompt_work(system_ids))
-            prefill = await executor.call(self.engine.prefill_work(
-                message.tensors, reply=True, out_of_band=reply.out_of_band, max_reply_tokens=reply.max_output_tokens,
-                calls=calls, key=message.item_id, reply_key=reply.response_id,
-            ))
+                await self.node.executor.call(self.engine.system_prompt_work(system_ids))
+            prefill = await self._prefill(message, calls)
         except ThinkerError:
             self.engine.restore(mark)
             return
