@@ -22,7 +22,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -212,15 +212,15 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             plan += [(count, "spread", spread_settings) for count in spread_sessions]
 
             def run_level(count: int, arrivals: str, settings: Any) -> dict[str, Any]:
-                batches_before = batch_counts(server.base_url, args.api_key)
+                before = server_counts(server.base_url, args.api_key)
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the server's loop, uvloop
                         results, wall = runner.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
                 level = realtime.summarize_level(count, results, wall, settings, arrivals)
                 level["server"] = monitor.summary(count)
-                batches_after = batch_counts(server.base_url, args.api_key)
-                level["batch_sizes"] = mean_batch_sizes(batches_before, batches_after)
-                level["node_events"] = node_event_deltas(batches_before, batches_after)
+                after = server_counts(server.base_url, args.api_key)
+                level["batch_sizes"] = mean_batch_sizes(before.batches, after.batches)
+                level["node_events"] = node_event_deltas(before.events, after.events)
                 # The load generator's own CPU: on a small machine it competes with the server.
                 level["client_cpu_percent"] = client.cpu_percent()
                 print(f"realtime N={report.level_label(level)}: {level['turns_completed']}/{level['turns_planned']} turns, TTFA p50 {level['ttfa_from_speech_stopped_ms']['p50']} ms, {level['errors']['count']} errors, {level['wall_s']} s", file=sys.stderr)
@@ -283,41 +283,45 @@ def _run_webrtc(server, args, counts, utterances, settings, deadline) -> dict[st
     return {"levels": levels}
 
 
-def batch_counts(base_url: str, api_key: str | None) -> dict[str, tuple[float, float]]:
-    """The server's (batched calls, items) per shared executor, from /metrics; {} if unreadable."""
+class ServerCounts(NamedTuple):
+    """The server's counters a level reads before and after itself, from /metrics."""
+
+    batches: dict[str, tuple[float, float]]  # per shared executor: (batched calls, items they held)
+    events: dict[str, float]  # per "node.event" (`sgl_omni_node_events_total`)
+
+
+def server_counts(base_url: str, api_key: str | None) -> ServerCounts:
+    """The server's batch and node-event counters; empty if /metrics is unreadable."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    counts = ServerCounts({}, {})
     try:
         text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10).text
     except httpx.HTTPError:
-        return {}
-    counts: dict[str, list[float]] = {}
+        return counts
+    batches: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in ("sgl_omni_batches", "sgl_omni_batch_items"):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    slot = 0 if family.name == "sgl_omni_batches" else 1
-                    counts.setdefault(sample.labels["executor"], [0.0, 0.0])[slot] = sample.value
-        elif family.name == "sgl_omni_node_events":  # kept as (count, 0): `node_event_deltas` reads them
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    counts[f"{sample.labels['node']}.{sample.labels['event']}#event"] = [sample.value, 0.0]
-    return {name: (runs, items) for name, (runs, items) in counts.items()}
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if family.name in ("sgl_omni_batches", "sgl_omni_batch_items"):
+                slot = 0 if family.name == "sgl_omni_batches" else 1
+                batches.setdefault(sample.labels["executor"], [0.0, 0.0])[slot] = sample.value
+            elif family.name == "sgl_omni_node_events":
+                counts.events[f"{sample.labels['node']}.{sample.labels['event']}"] = sample.value
+    counts.batches.update({name: (runs, items) for name, (runs, items) in batches.items()})
+    return counts
 
 
-def node_event_deltas(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, int]:
-    """How often each node event (`sgl_omni_node_events_total`, e.g. thinker.early_prefill_confirmed)
-    happened over a level."""
-    return {name.removesuffix("#event"): int(count - before.get(name, (0.0, 0.0))[0])
-            for name, (count, _) in after.items() if name.endswith("#event") and count > before.get(name, (0.0, 0.0))[0]}
+def node_event_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """How often each node event (e.g. thinker.early_prefill_confirmed) happened over a level."""
+    return {name: int(count - before.get(name, 0.0)) for name, count in after.items() if count > before.get(name, 0.0)}
 
 
 def mean_batch_sizes(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
     """Items per batched call of each executor over a level (executors that ran during it)."""
     sizes = {}
     for name, (runs, items) in after.items():
-        if name.endswith("#event"):
-            continue
         runs_before, items_before = before.get(name, (0.0, 0.0))
         if runs > runs_before:
             sizes[name] = round((items - items_before) / (runs - runs_before), 2)

@@ -168,14 +168,12 @@ def test_a_levels_mean_batch_sizes_count_only_the_calls_made_during_it():
 
 
 def test_a_levels_node_events_count_only_what_happened_during_it_and_print_as_early_prefills():
-    from benchmarks.cli import mean_batch_sizes, node_event_deltas
+    from benchmarks.cli import node_event_deltas
 
-    before = {"talker": (10.0, 30.0), "thinker.early_prefill#event": (4.0, 0.0), "thinker.early_prefill_confirmed#event": (4.0, 0.0)}
-    after = {"talker": (20.0, 70.0), "thinker.early_prefill#event": (10.0, 0.0), "thinker.early_prefill_confirmed#event": (9.0, 0.0),
-             "thinker.early_prefill_dropped#event": (1.0, 0.0)}
+    before = {"thinker.early_prefill": 4.0, "thinker.early_prefill_confirmed": 4.0}
+    after = {"thinker.early_prefill": 10.0, "thinker.early_prefill_confirmed": 9.0, "thinker.early_prefill_dropped": 1.0}
     events = node_event_deltas(before, after)
     assert events == {"thinker.early_prefill": 6, "thinker.early_prefill_confirmed": 5, "thinker.early_prefill_dropped": 1}
-    assert mean_batch_sizes(before, after) == {"talker": 4.0}  # the events are not executors
     level = {**_level(2), "node_events": events}
     assert "early prefill (utterances prefilled in the pause before their turn ended): N=2 5 confirmed, 1 dropped of 6" \
         in report.render(_doc(level)).splitlines()
