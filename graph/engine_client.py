@@ -38,9 +38,16 @@ from graph.metrics import GraphMetrics
 from graph.session import belongs_to
 from graph.runtime import admit, validated_spec, wait_for_slot
 from graph.spec import GraphSpec
-from graph.wire import CREDIT, Link, LinkClosed, Window
+from graph.wire import CREDIT, Link, LinkClosed, Window, credit_delay_s
 
 log = logging.getLogger("graph.engines")
+
+# Audio bound for one engine goes out together, at most AUDIO_BATCH_S after the first chunk:
+# one frame (a write, a read, a wake-up of the engine) per few milliseconds instead of one per
+# 20 ms chunk per session, and the sessions' VAD windows reach the engine together and share a
+# model call. What the VAD hears is late by at most this much; anything else (a control, a
+# reply request) goes at the end of the loop turn and takes the waiting audio with it.
+AUDIO_BATCH_S = 0.005
 
 # How long a failed engine waits before it is started again (a crash loop must not spin).
 RESTART_DELAY_S = 1.0
@@ -75,7 +82,7 @@ class RemoteSession:
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the engine
-        self.engine.link.send("send", self.id, (input_name, message))
+        self.engine.link.send("send", self.id, (input_name, message), within_s=AUDIO_BATCH_S if isinstance(message, AudioChunk) else 0.0)
 
     def control(self, control: Control) -> None:
         """Deliver a control now, ahead of queued input and output."""
@@ -229,8 +236,7 @@ class EngineHandle:
                         self.batch_counts = payload.get("batch_counts", {})
                         self.node_counters = payload.get("node_counters", {})
                         for node, seconds in payload["node_steps"].items():
-                            for value in seconds:
-                                metrics.node_step(node, value)
+                            metrics.node_steps(node, seconds)
                     elif op == "drained":
                         if self._drained is not None and not self._drained.done():
                             self._drained.set_result(None)
@@ -304,6 +310,7 @@ class EngineRuntime:
         started = time.perf_counter()
         log.info("starting %s%s ...", engine.name, f" on {engine.device}" if engine.device else "")
         await engine.start(self._profile, self._log_level)
+        engine.link.credit_delay_s = credit_delay_s(min(self.limits.edge_capacity, self.limits.output_capacity))
         log.info("%s: ready in %.2fs (pid %s)", engine.name, time.perf_counter() - started, engine.pid)
         self._watchers.append(asyncio.create_task(self._watch(engine), name=f"{engine.name}-watch"))
 

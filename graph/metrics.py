@@ -14,3 +14,8 @@ class GraphMetrics:
     def session_ended(self, kind: str, reason: str) -> None: ...
 
     def node_step(self, node: str, seconds: float) -> None: ...
+
+    def node_steps(self, node: str, seconds: list[float]) -> None:
+        """Several steps of one node at once (an engine's report)."""
+        for value in seconds:
+            self.node_step(node, value)

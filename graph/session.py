@@ -204,20 +204,38 @@ class GraphSession:
 
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while that input's edge is full."""
+        inbox, stream = self._input(input_name)
+        self._accepted(message)
+        try:
+            await inbox.put((stream, message))
+        except InboxClosed:
+            raise RuntimeError(f"session {self.id} is closed") from None
+
+    def send_nowait(self, input_name: str, message: Message) -> bool:
+        """`send` if the input's edge has room now; False (nothing sent) if it is full."""
+        inbox, stream = self._input(input_name)
+        try:
+            sent = inbox.put_nowait((stream, message))
+        except InboxClosed:
+            raise RuntimeError(f"session {self.id} is closed") from None
+        if sent:
+            self._accepted(message)
+        return sent
+
+    def _input(self, input_name: str) -> tuple[Inbox[tuple[str, Message]], str]:
         port = self._wiring.inputs.get(input_name)
         if port is None or port.node not in self._inboxes:
             raise KeyError(f"graph has no input {input_name!r}" if port is None else f"this session does not use input {input_name!r}")
         if self._closing:
             raise RuntimeError(f"session {self.id} is closed")
+        return self._inboxes[port.node], port.stream
+
+    def _accepted(self, message: Message) -> None:
         self.last_input_at = time.monotonic()
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = self.last_input_at
         self._count_reply_request(message)
-        try:
-            await self._inboxes[port.node].put((port.stream, message))
-        except InboxClosed:
-            raise RuntimeError(f"session {self.id} is closed") from None
 
     def control(self, control: Control) -> None:
         """Deliver a control to every node now, ahead of queued data."""

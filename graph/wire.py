@@ -28,6 +28,15 @@ Record = tuple[str, str, Any]
 
 _LENGTH = struct.Struct("!I")
 CREDIT = "credit"
+# The longest a credit waits for a frame to ride with, where every window holds at least
+# CREDIT_DELAY_MIN_WINDOW messages (the default windows: 64 inputs = 1.3 s of 20 ms audio, 512
+# outputs), so the sender never waits on it. Smaller windows get their credit at once.
+CREDIT_DELAY_S = 0.02
+CREDIT_DELAY_MIN_WINDOW = 16
+
+
+def credit_delay_s(smallest_window: int) -> float:
+    return CREDIT_DELAY_S if smallest_window >= CREDIT_DELAY_MIN_WINDOW else 0.0
 
 
 class Window:
@@ -65,6 +74,8 @@ class Link:
         self._pending: list[Record] = []
         self._credits: dict[Hashable, int] = {}
         self._flush_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None  # a deferred flush (see `later`)
+        self.credit_delay_s = 0.0  # see credit(); set by the owner from its windows
         self.closed = False
 
     @classmethod
@@ -72,27 +83,43 @@ class Link:
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**26)
         return cls(reader, writer)
 
-    def send(self, op: str, session_id: str = "", payload: Any = None) -> None:
-        """Queue a record; it is written with everything else queued in this loop turn."""
+    def send(self, op: str, session_id: str = "", payload: Any = None, within_s: float = 0.0) -> None:
+        """Queue a record; it is written with everything else queued in this loop turn, or, with
+        `within_s`, at the latest that much later (it rides with any earlier frame)."""
         if self.closed:
             return
         self._pending.append((op, session_id, payload))
-        self._schedule_flush()
+        self.later(within_s)
 
     def credit(self, key: Hashable, n: int = 1) -> None:
-        """Tell the other end that `n` more messages of this stream were taken."""
+        """Tell the other end that `n` more messages of this stream were taken.
+
+        Credit rides with the next frame, or goes alone after at most `credit_delay_s`: a
+        frame per credit (a write, a read and a wake-up of the other process) would cost more
+        than the audio chunk it returns."""
         if self.closed:
             return
         self._credits[key] = self._credits.get(key, 0) + n
-        self._schedule_flush()
+        self.later(self.credit_delay_s)
 
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
+    def later(self, within_s: float) -> None:
+        """Flush within `within_s` (0: at the end of this loop turn)."""
+        if self._flush_scheduled:
+            return
+        loop = asyncio.get_running_loop()
+        if within_s <= 0:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
+        elif self._timer is None or self._timer.when() > loop.time() + within_s:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_later(within_s, self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._credits:
             self._pending.append((CREDIT, "", self._credits))
             self._credits = {}

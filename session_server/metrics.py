@@ -46,6 +46,11 @@ class ServerMetrics(GraphMetrics):
     def node_step(self, node: str, seconds: float) -> None:
         self._node_step.labels(node).observe(seconds)
 
+    def node_steps(self, node: str, seconds: list[float]) -> None:
+        observe = self._node_step.labels(node).observe
+        for value in seconds:
+            observe(value)
+
     def first_audio(self, transport: str, seconds: float) -> None:
         self._first_audio.labels(transport).observe(seconds)
 

@@ -1,0 +1,74 @@
+"""An engine's inputs: straight into the session's inbox when it has room, in order when not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from graph.engine_process import _Hosted
+
+
+class FakeLink:
+    def __init__(self) -> None:
+        self.credits: list = []
+
+    def credit(self, key, n: int = 1) -> None:
+        self.credits.append((key, n))
+
+    def send(self, *record) -> None:
+        pass
+
+
+class FakeSession:
+    """Takes messages in order; `full` makes `send_nowait` refuse and `send` wait for `room`."""
+
+    id = "sess_1"
+    end_reason = "closed"
+    error = None
+
+    def __init__(self) -> None:
+        self.taken: list = []
+        self.full = False
+        self.room = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.direct = 0
+
+    def send_nowait(self, input_name: str, message) -> bool:
+        if self.full:
+            return False
+        self.direct += 1
+        self.taken.append(message)
+        return True
+
+    async def send(self, input_name: str, message) -> None:
+        await self.room.wait()
+        self.taken.append(message)
+
+    async def outputs(self):
+        await self.ended.wait()
+        return
+        yield
+
+
+async def test_inputs_go_straight_in_while_there_is_room_and_keep_their_order_once_one_had_to_wait():
+    session, link = FakeSession(), FakeLink()
+    hosted = _Hosted(session, link, output_window=8)
+    try:
+        hosted.queue("audio", 1)
+        assert session.taken == [1] and session.direct == 1  # no feeder task involved
+        session.full = True
+        hosted.queue("audio", 2)  # waits in the feeder for room
+        for _ in range(3):
+            await asyncio.sleep(0)
+        session.full = False  # room again, but message 2 is still on its way in
+        hosted.queue("audio", 3)
+        hosted.queue("audio", 4)
+        session.room.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert session.taken == [1, 2, 3, 4]
+        assert link.credits == [(("sess_1", "audio"), 1)] * 4
+        hosted.queue("audio", 5)  # the queue is empty again: straight in
+        assert session.taken[-1] == 5 and session.direct == 2
+    finally:
+        session.ended.set()
+        await asyncio.wait_for(hosted.pump, 5)

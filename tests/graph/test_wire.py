@@ -1,0 +1,80 @@
+"""The engine link's frames: what rides together, and what waits how long."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from graph.wire import CREDIT, Link
+
+
+async def link_pair() -> tuple[Link, Link]:
+    ours, theirs = socket.socketpair()
+    return await Link.over(ours), await Link.over(theirs)
+
+
+async def test_a_credit_waits_for_the_next_frame_and_rides_with_it():
+    sender, receiver = await link_pair()
+    sender.credit_delay_s = 30.0
+    try:
+        sender.credit(("sess_1", "audio"))
+        sender.credit(("sess_1", "audio"))
+        await asyncio.sleep(0.05)
+        sender.send("out", "sess_1", "a message")
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [("out", "sess_1", "a message"), (CREDIT, "", {("sess_1", "audio"): 2})]
+
+
+async def test_a_credit_with_nothing_to_ride_with_goes_alone_after_the_delay():
+    sender, receiver = await link_pair()
+    sender.credit_delay_s = 0.01
+    try:
+        sender.credit("sess_1", 3)
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [(CREDIT, "", {"sess_1": 3})]
+
+
+async def test_a_credit_goes_at_once_where_windows_are_small():
+    sender, receiver = await link_pair()
+    try:
+        assert sender.credit_delay_s == 0.0
+        sender.credit("sess_1")
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [(CREDIT, "", {"sess_1": 1})]
+
+
+async def test_records_that_may_wait_go_in_one_frame_and_an_urgent_record_takes_them_along_in_order():
+    sender, receiver = await link_pair()
+    try:
+        for n in range(3):
+            sender.send("send", "sess_1", ("audio", n), within_s=30.0)
+            await asyncio.sleep(0.01)  # separate loop turns: each would otherwise be its own frame
+        sender.send("control", "sess_1", "interrupt")
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [("send", "sess_1", ("audio", 0)), ("send", "sess_1", ("audio", 1)),
+                       ("send", "sess_1", ("audio", 2)), ("control", "sess_1", "interrupt")]
+
+
+async def test_records_that_may_wait_go_by_their_deadline_with_nothing_else_sent():
+    sender, receiver = await link_pair()
+    try:
+        sender.send("send", "sess_1", ("audio", 0), within_s=0.01)
+        await asyncio.sleep(0)
+        sender.send("send", "sess_2", ("audio", 0), within_s=0.01)
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [("send", "sess_1", ("audio", 0)), ("send", "sess_2", ("audio", 0))]
