@@ -3,7 +3,9 @@
 A record is a small tuple, `(op, session_id, payload)`, whose payload is a graph message or
 plain data. Records written during one turn of the event loop go out as one frame (a 4-byte
 length, then a pickle of the list), so a burst of audio appends from many sessions costs one
-write and one read, not one per message.
+write and one read, not one per message. A record sent `within_s` (the server's audio appends)
+and credit may wait that long for the next frame: each frame is also a wake-up of the process
+at the other end.
 
 Flow control is per stream of messages and counted in messages: `credit(key)` tallies a
 message the receiver has taken off its hands (key: a session id for its outputs, or (session
@@ -74,7 +76,7 @@ class Link:
         self._pending: list[Record] = []
         self._credits: dict[Hashable, int] = {}
         self._flush_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None  # a deferred flush (see `later`)
+        self._timer: asyncio.TimerHandle | None = None  # a deferred flush (see `flush_within`)
         self.credit_delay_s = 0.0  # see credit(); set by the owner from its windows
         self.closed = False
 
@@ -89,7 +91,7 @@ class Link:
         if self.closed:
             return
         self._pending.append((op, session_id, payload))
-        self.later(within_s)
+        self.flush_within(within_s)
 
     def credit(self, key: Hashable, n: int = 1) -> None:
         """Tell the other end that `n` more messages of this stream were taken.
@@ -100,9 +102,9 @@ class Link:
         if self.closed:
             return
         self._credits[key] = self._credits.get(key, 0) + n
-        self.later(self.credit_delay_s)
+        self.flush_within(self.credit_delay_s)
 
-    def later(self, within_s: float) -> None:
+    def flush_within(self, within_s: float) -> None:
         """Flush within `within_s` (0: at the end of this loop turn)."""
         if self._flush_scheduled:
             return
