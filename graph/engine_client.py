@@ -73,10 +73,23 @@ class RemoteSession:
 
     async def send(self, input_name: str, message: Message) -> None:
         """Put a message into a graph input. Waits while the session's input window is full."""
+        await self._window(input_name).take()  # once the session has ended, every window is wide open
+        self._send(input_name, message)
+
+    def send_nowait(self, input_name: str, message: Message) -> bool:
+        """`send` if the input's window has room now; False (nothing sent) if it is full."""
+        if not self._window(input_name).try_take():
+            return False
+        self._send(input_name, message)
+        return True
+
+    def _window(self, input_name: str) -> Window:
         window = self._input_windows.get(input_name)
         if window is None:
             raise KeyError(f"this session does not use input {input_name!r}")
-        await window.take()  # once the session has ended, every window is wide open
+        return window
+
+    def _send(self, input_name: str, message: Message) -> None:
         if self._closing or self.ended.is_set():
             raise RuntimeError(f"session {self.id} is closed")
         message.session_id = self.id

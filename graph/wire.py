@@ -55,6 +55,13 @@ class Window:
             await self._room.wait()
         self._free -= 1
 
+    def try_take(self) -> bool:
+        """`take` if there is room now; False (nothing taken) if not."""
+        if self._free <= 0:
+            return False
+        self._free -= 1
+        return True
+
     def give(self, n: int) -> None:
         self._free += n
         if self._free > 0:

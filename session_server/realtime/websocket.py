@@ -3,6 +3,7 @@
 All protocol rules live in `protocol.py`; this module only moves bytes and messages:
 
     client frames --reader--> protocol --> graph input queue --feeder--> graph session
+                                       `----(room now, nothing queued)---^
     graph outputs --pump----> protocol --> outbox --writer--> client frames
 
 Auth runs before the handshake (session_server/auth.py: Bearer header, or the subprotocol
@@ -127,6 +128,7 @@ class _Link:
         self.outbox_drained.set()
         self.inputs: deque[SendToGraph] = deque()
         self.inputs_changed = asyncio.Event()
+        self.feeding = False  # the feeder holds an input that waits for room: later ones queue behind it
         self.closed = asyncio.Event()
         self.close_code = 1000
         self.close_reason = ""
@@ -158,6 +160,8 @@ class _Link:
             if isinstance(action, SendEvent):
                 self._queue_event(action.event)
             elif isinstance(action, SendToGraph):
+                if not self.inputs and not self.feeding and self._send_now(action):
+                    continue
                 self.inputs.append(action)
                 self.inputs_changed.set()
             elif isinstance(action, ControlGraph):
@@ -166,6 +170,16 @@ class _Link:
             elif isinstance(action, CloseSession):
                 self.close_code, self.close_reason = action.code, action.reason
                 self.closed.set()
+
+    def _send_now(self, action: SendToGraph) -> bool:
+        """Straight to the graph when it takes the message without waiting: no hop through the
+        feeder task for each audio append. Anything else goes the feeder's way, in order."""
+        if self.graph is None:
+            return False
+        try:
+            return self.graph.send_nowait(action.input, action.message)
+        except (RuntimeError, KeyError):
+            return False  # the feeder's send meets the same and deals with it
 
     def _observe(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -233,10 +247,13 @@ class _Link:
                 await self.inputs_changed.wait()
             action = self.inputs.popleft()
             self.inputs_changed.set()
+            self.feeding = True
             try:
                 await self.graph.send(action.input, action.message)
             except RuntimeError:
                 return  # the graph session ended; the pump reports why
+            finally:
+                self.feeding = False
 
     async def pump(self) -> None:
         message: Message

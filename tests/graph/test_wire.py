@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from graph.wire import CREDIT, Link
+from graph.wire import CREDIT, Link, Window
 
 
 async def link_pair() -> tuple[Link, Link]:
@@ -78,3 +78,11 @@ async def test_records_that_may_wait_go_by_their_deadline_with_nothing_else_sent
         sender.close()
         receiver.close()
     assert records == [("send", "sess_1", ("audio", 0)), ("send", "sess_2", ("audio", 0))]
+
+
+async def test_a_window_gives_room_without_waiting_only_while_it_has_some():
+    window = Window(2)
+    assert window.try_take() and window.try_take()
+    assert not window.try_take()
+    window.give(1)
+    assert window.try_take()

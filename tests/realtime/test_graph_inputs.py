@@ -1,0 +1,52 @@
+"""The WebSocket adapter's way into the graph: straight in while there is room, in order after."""
+
+from __future__ import annotations
+
+import asyncio
+
+from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
+from session_server.realtime.websocket import RealtimeSettings, _Link
+
+
+class FakeGraph:
+    """Takes messages in order; `full` makes `send_nowait` refuse and `send` wait for `room`."""
+
+    def __init__(self) -> None:
+        self.taken: list = []
+        self.full = False
+        self.room = asyncio.Event()
+        self.direct = 0
+
+    def send_nowait(self, input_name: str, message) -> bool:
+        if self.full:
+            return False
+        self.direct += 1
+        self.taken.append(message)
+        return True
+
+    async def send(self, input_name: str, message) -> None:
+        await self.room.wait()
+        self.taken.append(message)
+
+
+async def test_appends_go_straight_to_the_graph_while_it_has_room_and_keep_their_order_once_one_waits():
+    link = _Link(None, RealtimeProtocol("sess_1", "m"), RealtimeSettings())
+    graph = link.graph = FakeGraph()
+    feeder = asyncio.create_task(link.feeder())
+    try:
+        link.apply([SendToGraph(1)])
+        assert graph.taken == [1] and graph.direct == 1
+        graph.full = True
+        link.apply([SendToGraph(2)])  # waits in the feeder for room
+        for _ in range(3):
+            await asyncio.sleep(0)
+        graph.full = False  # room again, but 2 is still on its way in
+        link.apply([SendToGraph(3), SendToGraph(4)])
+        graph.room.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert graph.taken == [1, 2, 3, 4]
+        link.apply([SendToGraph(5)])  # nothing queued any more: straight in
+        assert graph.taken[-1] == 5 and graph.direct == 2
+    finally:
+        feeder.cancel()
