@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from graph.engine_process import _Hosted
+from tests.graph.ordered_sink import OrderedSink
 
 
 class FakeLink:
@@ -18,30 +19,16 @@ class FakeLink:
         pass
 
 
-class FakeSession:
-    """Takes messages in order; `full` makes `send_nowait` refuse and `send` wait for `room`."""
+class FakeSession(OrderedSink):
+    """A hosted session's inputs, and what its pump reads when it ends."""
 
     id = "sess_1"
     end_reason = "closed"
     error = None
 
     def __init__(self) -> None:
-        self.taken: list = []
-        self.full = False
-        self.room = asyncio.Event()
+        super().__init__()
         self.ended = asyncio.Event()
-        self.direct = 0
-
-    def send_nowait(self, input_name: str, message) -> bool:
-        if self.full:
-            return False
-        self.direct += 1
-        self.taken.append(message)
-        return True
-
-    async def send(self, input_name: str, message) -> None:
-        await self.room.wait()
-        self.taken.append(message)
 
     async def outputs(self):
         await self.ended.wait()

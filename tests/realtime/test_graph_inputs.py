@@ -6,32 +6,12 @@ import asyncio
 
 from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
 from session_server.realtime.websocket import RealtimeSettings, _Link
-
-
-class FakeGraph:
-    """Takes messages in order; `full` makes `send_nowait` refuse and `send` wait for `room`."""
-
-    def __init__(self) -> None:
-        self.taken: list = []
-        self.full = False
-        self.room = asyncio.Event()
-        self.direct = 0
-
-    def send_nowait(self, input_name: str, message) -> bool:
-        if self.full:
-            return False
-        self.direct += 1
-        self.taken.append(message)
-        return True
-
-    async def send(self, input_name: str, message) -> None:
-        await self.room.wait()
-        self.taken.append(message)
+from tests.graph.ordered_sink import OrderedSink
 
 
 async def test_appends_go_straight_to_the_graph_while_it_has_room_and_keep_their_order_once_one_waits():
     link = _Link(None, RealtimeProtocol("sess_1", "m"), RealtimeSettings())
-    graph = link.graph = FakeGraph()
+    graph = link.graph = OrderedSink()
     feeder = asyncio.create_task(link.feeder())
     try:
         link.apply([SendToGraph(1)])
