@@ -7,7 +7,7 @@ forward are the same every frame (computed once, by the predictor's own rotary m
 
 `predict_residuals` runs what `generate()` runs (`code_predictor(inputs_embeds=[hidden, code])`
 then one `code_predictor(input_ids=code, generation_steps=g)` per group, on a fresh
-`DynamicCache`), through `lean_layers.run_layer` where that applies (bit for bit the same
+`DynamicCache`), through `lean_decode.LeanPredictor` where that applies (bit for bit the same
 numbers, a fraction of the Python); otherwise (hooks, training, an unmirrored layer, a mask the
 attention needs) through the HF module exactly as before.
 """
@@ -18,9 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
-from nodes.qwen3_omni.lean_layers import LeanStack, run_layer
+from nodes.qwen3_omni.lean_decode import LeanPredictor
+from nodes.qwen3_omni.lean_layers import LeanStack
 
 # chooser(group, logits [B, V] float32) -> codes [B] (long): greedy or sampled, per reply.
 Chooser = Callable[[int, torch.Tensor], torch.Tensor]
@@ -34,6 +36,7 @@ class CodePredictor:
         self.codec_embedding = talker.get_input_embeddings()
         self.num_code_groups = num_code_groups
         self.stack = LeanStack(self.predictor.model)
+        self.lean = LeanPredictor(self.predictor.model)
         # Per attention implementation: whether the HF predictor passes its layers no mask.
         self._mask_free: dict[str, bool] = {}
         self._rope: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, ...]]] = {}
@@ -79,38 +82,30 @@ class CodePredictor:
         return codes, embeds
 
     def _lean_pass(self, inputs: torch.Tensor, choose: Chooser) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        stack, predictor = self.stack, self.predictor
-        attention = stack.attention()
+        predictor, lean = self.predictor, self.lean
+        attention = self.stack.attention()
         ropes = self._ropes(inputs)
         empty = inputs.new_empty(0)
-        keys: list[torch.Tensor] = [empty] * len(stack.layers)
-        values: list[torch.Tensor] = [empty] * len(stack.layers)
-
-        def update(key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-            # DynamicLayer.update: a cat onto what the layer holds (a copy even at the first call).
-            keys[layer] = torch.cat([keys[layer], key], dim=-2)
-            values[layer] = torch.cat([values[layer], value], dim=-2)
-            return keys[layer], values[layer]
-
+        keys: list[torch.Tensor] = [empty] * len(lean.layers)
+        values: list[torch.Tensor] = [empty] * len(lean.layers)
         hidden = inputs
         codes, embeds = [], []
         for group in range(1, self.num_code_groups):
             positions, cos, sin = ropes[group - 1]
-            for layer in stack.layers:
-                hidden = run_layer(
-                    layer, hidden, cos, sin, None, update, attention, position_ids=positions, use_cache=True
-                )
-            logits = predictor.lm_head[group - 1].forward(stack.norm.forward(hidden))
-            code = choose(group, logits[:, -1, :].to(copy=True, dtype=torch.float32)).view(-1, 1)
+            hidden = lean(hidden, cos, sin, attention, keys, values, position_ids=positions, use_cache=True)
+            head = predictor.lm_head[group - 1]
+            logits = F.linear(hidden, head.weight, head.bias)[:, -1, :]
+            code = choose(group, logits.to(copy=True, dtype=torch.float32)).view(-1, 1)
             codes.append(code.view(-1))
-            hidden = predictor.model.codec_embedding[group - 1].forward(code)
+            embedding = predictor.model.codec_embedding[group - 1]
+            hidden = F.embedding(code, embedding.weight, embedding.padding_idx)
             embeds.append(hidden)
         return codes, embeds
 
     # ------------------------------------------------------------------ checks and tables
 
     def _use_lean(self, inputs: torch.Tensor) -> bool:
-        if not self.stack.usable():
+        if not (self.stack.usable() and self.lean.usable()):
             return False
         implementation = self.predictor.model.config._attn_implementation
         mask_free = self._mask_free.get(implementation)
@@ -134,8 +129,8 @@ class CodePredictor:
         return all(mask is None for mask in masks)
 
     def _ropes(self, inputs: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(position_ids, cos, sin) of each forward of a frame: positions [0, 1], then [2], [3], ...
-        made by the predictor's rotary module exactly as its forward makes them."""
+        """(position_ids, cos, signed sin) of each forward of a frame: positions [0, 1], then [2],
+        [3], ... made by the predictor's rotary module exactly as its forward makes them."""
         key = (inputs.dtype, inputs.device)
         ropes = self._rope.get(key)
         if ropes is None:
@@ -148,7 +143,11 @@ class CodePredictor:
                 else:
                     positions = (torch.arange(1, device=inputs.device) + group).unsqueeze(0)
                 probe = inputs[:1, : positions.shape[1]]
-                cos, sin = rotary(probe, positions)
-                ropes.append((positions, cos, sin))
+                cos, sin = rotary(probe, positions)  # [1, q, head_dim]
+                # As the lean layers take them: [1, q, 1, head_dim], the sin's first half negated
+                # (rotate_half(x) * sin == x.roll(half) * signed sin).
+                half = sin.shape[-1] // 2
+                signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+                ropes.append((positions, cos[:, :, None], signed_sin[:, :, None]))
             self._rope[key] = ropes
         return ropes

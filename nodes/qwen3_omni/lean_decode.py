@@ -1,4 +1,6 @@
-"""The thinker's decode forward (one new token on each of B slot-cache rows) without transformers' per-call machinery.
+"""Decode forwards (one new position on each of B slot-cache rows) without transformers' per-call machinery:
+the thinker's (`LeanDecode`), the talker's (`LeanTalkerDecode`) and the code predictor's layers
+(`LeanPredictor`).
 
 On the small models this project runs on CPU a decode forward is almost all Python: the HF text
 model goes through `merge_with_config_defaults`, `capture_outputs`, `deprecate_kwarg`,
@@ -35,13 +37,25 @@ What differs from the HF forward, and why the logits stay the same:
   equal to 1.4x). With many experts (the real checkpoint: 128) the module's own experts
   forward runs (whatever `config._experts_implementation` says).
 
+The talker's decode step (`LeanTalkerDecode`, for `TalkerSlots.forward`) runs the same layer
+loop on its input embeddings, with cos/sin from the talker's own rotary module once per forward
+(its three mrope rows may differ) and its MoE blocks' shared expert added as the HF block adds
+it (`sigmoid(gate(x)) * shared(x)`). The code predictor (`LeanPredictor`, for
+code_predictor.py) takes the same norms, q/k norms, rotary and dense MLP as three `F.linear`s,
+with the attention function transformers picks (its first forward has two positions, causal, no
+mask) on keys/values it concatenates as a `DynamicCache` would; it has no experts, so its
+frames are the HF predictor's to the bit. (Tiny checkpoint, 2 vCPU, two alternating pairs: a
+talker step with its code predictor pass took 2.3-2.8 -> 1.2-1.3 ms for one reply, 2.5-3.1 ->
+1.5-1.6 ms for four.)
+
 Up to the experts, the lean forward gives the HF forward's numbers bit for bit on CPU (checked
 with the module's experts forward), in float32 and bfloat16; the every-expert matmuls have
 another GEMM shape (weighted and summed in transformers' order): on the tiny checkpoint the
 logits still came out equal to the bit but for ~1e-7 in one case, ~1e-6 on the 38 M-parameter
 profile.
-tests/model/test_lean_decode.py holds the logits and the written keys/values to the HF
-forward's (1e-5) on the tiny checkpoint, on a larger random profile, through each experts path
+tests/model/test_lean_decode.py (and test_lean_talker.py for the talker and the code
+predictor: bit for bit through the experts module, 1e-5 through the dense experts) holds the
+logits and the written keys/values to the HF forward's (1e-5) on the tiny checkpoint, on a larger random profile, through each experts path
 and on a config that takes the other branches, for one row and rows of different lengths.
 
 `LeanDecode.usable()` says when this applies: the module classes it mirrors, eval mode, SDPA
@@ -75,7 +89,10 @@ DENSE_EXPERTS = 8
 # (~10 dispatched ops of ~1.5 us at ~10 GB/s).
 PAIR_COST_BYTES = 150_000
 
-_NORMS = (qwen3_omni.Qwen3OmniMoeThinkerTextRMSNorm, qwen3_omni.Qwen3OmniMoeTextRMSNorm)
+_NORMS = (qwen3_omni.Qwen3OmniMoeThinkerTextRMSNorm, qwen3_omni.Qwen3OmniMoeTextRMSNorm, qwen3_omni.Qwen3OmniMoeRMSNorm)
+# MLPs whose forward is down(act(gate(x)) * up(x)), run here as three `F.linear`s.
+_DENSE_MLPS = (qwen3_omni.Qwen3OmniMoeMLP, qwen3_omni.Qwen3OmniMoeThinkerTextMLP, qwen3_omni.Qwen3OmniMoeTalkerTextMLP)
+_MOE_BLOCKS = (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock, qwen3_omni.Qwen3OmniMoeTalkerTextSparseMoeBlock)
 
 
 class _Layer:
@@ -83,10 +100,12 @@ class _Layer:
 
     __slots__ = ("input_norm", "post_norm", "eps", "q", "k", "v", "o", "q_norm", "k_norm", "head_eps",
                  "heads", "kv_heads", "head_dim", "head_size", "scaling", "index", "mlp", "moe",
-                 "router", "top_k", "norm_top_k", "experts", "dense_experts", "expert_bytes", "act")
+                 "router", "top_k", "norm_top_k", "experts", "dense_experts", "expert_bytes", "act", "shared",
+                 "dense_mlp", "attention")
 
     def __init__(self, layer: Any):
         attn = layer.self_attn
+        self.attention = attn
         self.index = attn.layer_idx
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
@@ -102,7 +121,12 @@ class _Layer:
         self.kv_heads = attn.k_proj.out_features // attn.head_dim
         self.scaling = attn.scaling
         self.mlp = layer.mlp
-        self.moe = isinstance(layer.mlp, qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock)
+        self.dense_mlp = _dense_mlp(layer.mlp)
+        self.moe = isinstance(layer.mlp, _MOE_BLOCKS)
+        # The talker's MoE block also has a shared expert, gated per token (sigmoid).
+        self.shared = None
+        if isinstance(layer.mlp, qwen3_omni.Qwen3OmniMoeTalkerTextSparseMoeBlock):
+            self.shared = (_dense_mlp(layer.mlp.shared_expert), layer.mlp.shared_expert_gate.weight)
         if self.moe:
             gate, experts = layer.mlp.gate, layer.mlp.experts
             self.router, self.top_k, self.norm_top_k = gate.weight, gate.top_k, gate.norm_topk_prob
@@ -113,24 +137,48 @@ class _Layer:
             self.act = experts.act_fn.forward if isinstance(experts.act_fn, torch.nn.Module) else experts.act_fn
 
 
+# Per model class mirrored here: its decoder layer, attention and MLP classes.
+_MIRRORED = {
+    qwen3_omni.Qwen3OmniMoeThinkerTextModel: (
+        qwen3_omni.Qwen3OmniMoeThinkerTextDecoderLayer,
+        qwen3_omni.Qwen3OmniMoeThinkerTextAttention,
+        (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock, qwen3_omni.Qwen3OmniMoeThinkerTextMLP),
+    ),
+    qwen3_omni.Qwen3OmniMoeTalkerModel: (
+        qwen3_omni.Qwen3OmniMoeTalkerDecoderLayer,
+        qwen3_omni.Qwen3OmniMoeThinkerTextAttention,
+        (qwen3_omni.Qwen3OmniMoeTalkerTextSparseMoeBlock, qwen3_omni.Qwen3OmniMoeTalkerTextMLP),
+    ),
+    qwen3_omni.Qwen3OmniMoeTalkerCodePredictorModel: (
+        qwen3_omni.Qwen3OmniMoeTalkerCodePredictorDecoderLayer,
+        qwen3_omni.Qwen3OmniMoeTalkerCodePredictorAttention,
+        _DENSE_MLPS,
+    ),
+}
+
+
 def unsupported(language_model: torch.nn.Module) -> str | None:
-    """Why `LeanDecode` cannot mirror this text model (checked once), or None."""
+    """Why `LeanDecode` / `LeanTalkerDecode` / `LeanPredictor` cannot mirror this model (checked once), or None."""
     config = language_model.config
-    if type(language_model) is not qwen3_omni.Qwen3OmniMoeThinkerTextModel:
+    mirrored = _MIRRORED.get(type(language_model))
+    if mirrored is None:
         return f"text model class {type(language_model).__name__}"
-    if config._attn_implementation != "sdpa":
+    layer_class, attention_class, mlp_classes = mirrored
+    # The thinker's and talker's layers here call SDPA themselves; the predictor's call the
+    # attention function transformers picks.
+    if config._attn_implementation != "sdpa" and attention_class is qwen3_omni.Qwen3OmniMoeThinkerTextAttention:
         return f"attention implementation {config._attn_implementation!r}"
     rope = language_model.rotary_emb
-    if type(rope) is not qwen3_omni.Qwen3OmniMoeThinkerTextRotaryEmbedding or "dynamic" in rope.rope_type \
-            or rope.rope_type == "longrope":
+    if type(language_model) is qwen3_omni.Qwen3OmniMoeThinkerTextModel and (
+            type(rope) is not qwen3_omni.Qwen3OmniMoeThinkerTextRotaryEmbedding or "dynamic" in rope.rope_type
+            or rope.rope_type == "longrope"):
         return f"rope type {rope.rope_type!r}"
     for layer in language_model.layers:
         attn = layer.self_attn
-        if type(layer) is not qwen3_omni.Qwen3OmniMoeThinkerTextDecoderLayer \
-                or type(attn) is not qwen3_omni.Qwen3OmniMoeThinkerTextAttention or attn.sliding_window is not None:
+        if type(layer) is not layer_class \
+                or type(attn) is not attention_class or attn.sliding_window is not None:
             return f"decoder layer {type(layer).__name__}"
-        if type(layer.mlp) not in (qwen3_omni.Qwen3OmniMoeThinkerTextSparseMoeBlock,
-                                   qwen3_omni.Qwen3OmniMoeThinkerTextMLP):
+        if type(layer.mlp) not in mlp_classes:
             return f"mlp {type(layer.mlp).__name__}"
         norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
         if any(type(norm) not in _NORMS for norm in norms):
@@ -160,10 +208,7 @@ class LeanDecode:
         if self.why_not is not None:
             return
         self.layers = [_Layer(layer) for layer in self.model.layers]
-        self.norm = self.model.norm.weight
-        constant = dict(dtype=torch.float32, device=self.norm.device)
-        self.hidden_size = torch.tensor(float(self.norm.shape[-1]), **constant)
-        self.norm_eps = torch.tensor(self.model.norm.variance_epsilon, **constant)
+        self.norm, self.norm_eps, self.hidden_size = _norm_constants(self.model.norm)
         rope = self.model.rotary_emb
         self.rope = rope
         self.rope_scaling = rope.attention_scaling
@@ -188,35 +233,124 @@ class LeanDecode:
         caller commits the batch."""
         hidden = F.embedding(ids, self.embed.weight, self.embed.padding_idx)  # [B, D]
         cos, sin = self.rotary(positions, hidden.dtype)
-        rows = hidden.shape[0]
-        covering = batch.covering()  # rows close together but not one range: attend over their range
-        mask = batch.mask if covering is None else covering[2]  # [B or range, 1, 1, kv]
-        for layer in self.layers:
-            x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
-            query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
-            key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
-            value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
-            # q_norm and k_norm (same epsilon) and the rotary, on the query and key heads at once.
-            heads = torch.cat((query, key), dim=1)  # [B, heads + kv_heads, head_dim]
-            head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
-            heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
-            query, key = heads[:, : layer.heads], heads[:, layer.heads :]
-            # One query per row: the query heads of a kv head side by side, as transformers packs them.
-            query = query.view(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
-            if covering is None:
-                keys, values = batch.update(key[:, :, None], value, layer.index)
-                out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
-            else:
-                span, places, _ = covering
-                keys, values = batch.update_covering(key[:, :, None], value, layer.index, span)
-                queries = query.new_zeros((keys.shape[0], *query.shape[1:])).index_copy_(0, places, query)
-                out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=layer.scaling)
-                out = out.index_select(0, places)
-            hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
-            x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
-            hidden = hidden + (_moe(layer, x) if layer.moe else layer.mlp.forward(x))
+        hidden = _decode_layers(self.layers, hidden, cos, sin, batch, self.hidden_size)
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
+
+
+
+class LeanTalkerDecode:
+    """The talker's text model for one new position per row of a `SlotBatch`: the decode step of
+    `TalkerSlots.forward`, through the same layers as `LeanDecode` (see the module docstring).
+
+    cos/sin come from the talker's own rotary module, once per forward (its mrope rows may
+    differ); the rest is `LeanDecode`'s layer loop, the talker's MoE blocks with their shared
+    expert."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.why_not = unsupported(model)
+        if self.why_not is not None:
+            return
+        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
+        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
+
+    def usable(self) -> bool:
+        """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
+        return self.why_not is None and runs_as_built(self.model)
+
+    def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+        """The talker's normed outputs `[B, D]` for inputs `embeds` `[B, D]` at `positions`
+        `[4, B, 1]` (text row, then the 3 rope rows) on `batch`'s rows (one column each). Writes
+        the rows' new keys/values; the caller commits the batch."""
+        cos, sin = self.model.rotary_emb.forward(embeds, positions[1:])  # [B, 1, head_dim]
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == x.roll(half) * sin with its first half negated (`_rotate`).
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        hidden = _decode_layers(self.layers, embeds, cos, sin, batch, self.hidden_size)
+        return _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
+
+
+class LeanPredictor:
+    """The code predictor's decoder layers + final norm for one of a frame's forwards (see
+    code_predictor.py): the same ops as `LeanDecode`'s layers (the same bits as the HF modules:
+    norms, q/k norms side by side, rotary, dense MLP) with the attention function transformers
+    picks, on keys/values kept in lists (a `DynamicCache`'s concatenation)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.why_not = unsupported(model)
+        if self.why_not is not None:
+            return
+        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
+        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
+
+    def usable(self) -> bool:
+        return self.why_not is None and runs_as_built(self.model)
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, attention: Any,
+                 keys: list[torch.Tensor], values: list[torch.Tensor], **attention_kwargs: Any) -> torch.Tensor:
+        """Normed outputs `[B, q, D]` of inputs `hidden` `[B, q, D]`; `cos` / `signed_sin`
+        `[1, q, 1, head_dim]`; each layer's keys/values are concatenated onto `keys[i]` / `values[i]`."""
+        rows, length = hidden.shape[:2]
+        for i, layer in enumerate(self.layers):
+            x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
+            query = F.linear(x, *layer.q).view(rows, length, layer.heads, layer.head_dim)
+            key = F.linear(x, *layer.k).view(rows, length, layer.kv_heads, layer.head_dim)
+            value = F.linear(x, *layer.v).view(rows, length, layer.kv_heads, layer.head_dim).transpose(1, 2)
+            heads = torch.cat((query, key), dim=2)  # [B, q, heads + kv_heads, head_dim]
+            head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
+            heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, signed_sin)
+            query, key = heads[:, :, : layer.heads].transpose(1, 2), heads[:, :, layer.heads :].transpose(1, 2)
+            keys[i] = torch.cat([keys[i], key], dim=-2)
+            values[i] = torch.cat([values[i], value], dim=-2)
+            out, _ = attention(layer.attention, query, keys[i], values[i], None, dropout=0.0, scaling=layer.scaling,
+                               sliding_window=None, **attention_kwargs)
+            hidden = hidden + F.linear(out.reshape(rows, length, -1), *layer.o)
+            x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
+            hidden = hidden + _mlp(layer.dense_mlp, x)
+        return _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
+
+
+def _decode_layers(layers: list[_Layer], hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   batch: SlotBatch, hidden_size: torch.Tensor) -> torch.Tensor:
+    """The decoder layers for one new position per row: `hidden` `[B, D]`, `cos`/signed `sin`
+    `[B, 1, head_dim]`; writes each layer's new keys/values into `batch`'s rows."""
+    rows = hidden.shape[0]
+    covering = batch.covering()  # rows close together but not one range: attend over their range
+    mask = batch.mask if covering is None else covering[2]  # [B or range, 1, 1, kv]
+    for layer in layers:
+        x = _rms_norm(hidden, layer.input_norm, layer.eps, hidden_size)
+        query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
+        key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
+        value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
+        # q_norm and k_norm (same epsilon) and the rotary, on the query and key heads at once.
+        heads = torch.cat((query, key), dim=1)  # [B, heads + kv_heads, head_dim]
+        head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
+        heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
+        query, key = heads[:, : layer.heads], heads[:, layer.heads :]
+        # One query per row: the query heads of a kv head side by side, as transformers packs them.
+        query = query.view(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
+        if covering is None:
+            keys, values = batch.update(key[:, :, None], value, layer.index)
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=layer.scaling)
+        else:
+            span, places, _ = covering
+            keys, values = batch.update_covering(key[:, :, None], value, layer.index, span)
+            queries = query.new_zeros((keys.shape[0], *query.shape[1:])).index_copy_(0, places, query)
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=layer.scaling)
+            out = out.index_select(0, places)
+        hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
+        x = _rms_norm(hidden, layer.post_norm, layer.eps, hidden_size)
+        hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))
+    return hidden
+
+
+def _norm_constants(norm: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An RMSNorm's weight, and its epsilon and size as the float32 0-dim tensors `_rms_norm` takes."""
+    weight = norm.weight
+    constant = {"dtype": torch.float32, "device": weight.device}
+    return weight, torch.tensor(norm.variance_epsilon, **constant), torch.tensor(float(weight.shape[-1]), **constant)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
@@ -237,7 +371,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 def _moe(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-    """`Qwen3OmniMoeThinkerTextSparseMoeBlock.forward` for `x` `[T, D]`."""
+    """`Qwen3OmniMoeThinkerTextSparseMoeBlock.forward` (or the talker's, with its shared expert) for `x` `[T, D]`."""
     logits = F.linear(x, layer.router)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     weights, chosen = torch.topk(probs, layer.top_k, dim=-1)
@@ -245,6 +379,34 @@ def _moe(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         weights /= weights.sum(dim=-1, keepdim=True)
     if weights.dtype != logits.dtype:
         weights = weights.to(logits.dtype)
+    out = _experts(layer, x, logits, chosen, weights)
+    if layer.shared is not None:  # the talker's block: experts + sigmoid(gate(x)) * shared expert(x)
+        shared_mlp, shared_gate = layer.shared
+        shared = _mlp(shared_mlp, x)
+        out = out + torch.sigmoid(F.linear(x, shared_gate)) * shared
+    return out
+
+
+def _dense_mlp(mlp: Any) -> Any:
+    """(gate, up, down weights, activation) of a `_DENSE_MLPS` module without biases, else the
+    module (its own forward runs)."""
+    projections = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if type(mlp) not in _DENSE_MLPS or any(p is None or p.bias is not None or hooked(p) for p in projections):
+        return mlp
+    act = mlp.act_fn.forward if isinstance(mlp.act_fn, torch.nn.Module) else mlp.act_fn
+    return (*(p.weight for p in projections), act)
+
+
+def _mlp(mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    """`down(act(gate(x)) * up(x))`, as `_dense_mlp` left it."""
+    if not isinstance(mlp, tuple):
+        return mlp.forward(x)
+    gate, up, down, act = mlp
+    return F.linear(act(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def _experts(layer: _Layer, x: torch.Tensor, logits: torch.Tensor, chosen: torch.Tensor,
+             weights: torch.Tensor) -> torch.Tensor:
     experts = layer.experts
     if not layer.dense_experts:
         return experts.forward(x, chosen, weights)

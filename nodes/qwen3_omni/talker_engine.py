@@ -31,8 +31,9 @@ with image/video positions, runs alone on its reply's own cache), one talker dec
 all (each reply's decode KV is a row of a shared slot cache, rows of different lengths side by
 side: talker_slots.py), one pick of all their talker codes (talker_sampling.py: transformers'
 processors as batched tensor ops) and one batched code predictor (it starts afresh every frame
-with the same shapes for every reply: code_predictor.py). The forwards on the slot cache skip
-transformers' per-call wrappers where that gives the same numbers bit for bit (lean_layers.py).
+with the same shapes for every reply: code_predictor.py). The forwards skip transformers'
+per-call wrappers (lean_decode.py, lean_layers.py): the same numbers bit for bit, but for a
+decode step's dense experts (float rounding).
 
 Random-weight checkpoints never emit codec EOS; `TalkerLimits` bounds a reply (frames per
 text token, max frames). A real checkpoint stops on codec EOS and keeps only `max_frames` as a

@@ -19,9 +19,10 @@ as one forward; docs/batching.md.)
 Before this, each batched step copied every reply's whole KV into a fresh left-padded
 `DynamicCache` and the new column back: O(context) copies per reply per frame.
 
-The forward runs the talker's decoder layers through `lean_layers.run_layer` (the same numbers
-as `talker.model(...)`, without transformers' per-call wrappers) unless something hooks the
-model. Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
+A decode step runs through `lean_decode.LeanTalkerDecode` (the thinker's lean layer loop: the
+same numbers as `talker.model(...)` but for the dense experts' rounding, ~1e-7), a prefill group
+through `lean_layers.run_layer` (the same numbers to the bit), either without transformers'
+per-call wrappers, unless something hooks the model. Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
 through): tests/model/test_talker.py's batched-vs-alone (decode steps and prefills),
 test_lean_talker.py and test_generate_equivalence.py guard it.
 """
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from nodes.qwen3_omni.lean_decode import LeanTalkerDecode
 from nodes.qwen3_omni.lean_layers import LeanStack, run_layer
 from nodes.qwen3_omni.slot_cache import SlotBatch, SlotKVCache
 
@@ -55,6 +57,7 @@ class TalkerSlots:
             talker.talker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity
         )
         self.stack = LeanStack(talker.talker.model)
+        self.lean_decode = LeanTalkerDecode(talker.talker.model)
         self.forwards = 0
 
     @classmethod
@@ -103,11 +106,14 @@ class TalkerSlots:
         for reply in replies:
             if getattr(reply, "_slot", None) is None:
                 self.join(reply)
-        if positions is None:
+        decode = positions is None
+        if decode:
             positions = torch.cat([reply._last_position for reply in replies], dim=1) + 1  # [4, B, 1]
         with self.cache.lock:
             batch = self.cache.batch([reply._slot for reply in replies], embeds.shape[1])
-            if self.stack.usable():
+            if decode and self.lean_decode.usable():
+                hidden = self.lean_decode(embeds[:, 0], positions, batch)[:, None]
+            elif self.stack.usable():
                 hidden = self._lean_forward(embeds, positions, batch)
             else:
                 out = self.talker.talker.model(
