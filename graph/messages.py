@@ -17,7 +17,7 @@ not yet part of a turn) and its media time in milliseconds on the session's inpu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -259,14 +259,122 @@ class TurnDone(Message, kw_only=True):
 
 
 class NodeEvent(Message, kw_only=True):
-    """A node's notice for the transport (e.g. dialog: `committed`, `cleared`, an input error).
+    """Base of a node's notices for the transport: one class per notice, with typed fields. The
+    protocol layer maps each onto its own wire events; the graph does not know any wire format.
+    `kind` names the notice (logs, metrics, tests)."""
 
-    `kind` names the event; `fields` carries its payload. The protocol layer maps these onto its
-    own wire events; the graph does not know any wire format.
-    """
+    kind: ClassVar[str] = ""
 
-    kind: str
-    fields: dict[str, Any] = {}
+    def payload(self) -> dict[str, Any]:
+        """The notice's own fields (without the session, turn and media time every message has)."""
+        return {name: getattr(self, name) for name in self.__struct_fields__ if name not in Message.__struct_fields__}
+
+
+class InputSpeechStarted(NodeEvent, kw_only=True):
+    """dialog: a confirmed utterance began (server VAD); the item it will become."""
+
+    kind: ClassVar[str] = "speech_started"
+    audio_start_ms: float
+    item_id: str
+
+
+class InputSpeechStopped(NodeEvent, kw_only=True):
+    """dialog: the utterance ended (server VAD, or the input ended mid-utterance)."""
+
+    kind: ClassVar[str] = "speech_stopped"
+    audio_end_ms: float
+    item_id: str
+
+
+class InputSoundStarted(NodeEvent, kw_only=True):
+    """dialog: a sound began that may become speech (playback may hold meanwhile)."""
+
+    kind: ClassVar[str] = "sound_started"
+    audio_start_ms: float
+
+
+class InputSoundDismissed(NodeEvent, kw_only=True):
+    """dialog: that sound ended without becoming speech."""
+
+    kind: ClassVar[str] = "sound_dismissed"
+
+
+class InputTimeout(NodeEvent, kw_only=True):
+    """dialog: the idle timeout committed the (silent) audio since `audio_start_ms`."""
+
+    kind: ClassVar[str] = "timeout_triggered"
+    audio_start_ms: float
+    audio_end_ms: float
+    item_id: str
+
+
+class InputCleared(NodeEvent, kw_only=True):
+    """dialog: the uncommitted input was dropped (`Clear`)."""
+
+    kind: ClassVar[str] = "cleared"
+
+
+class InputEnded(NodeEvent, kw_only=True):
+    """dialog: all input up to `audio_end_ms` was taken in after `InputEnd`."""
+
+    kind: ClassVar[str] = "input_ended"
+    audio_end_ms: float
+
+
+class InputCommitted(NodeEvent, kw_only=True):
+    """dialog: an utterance became user item `item_id` (its turn is this message's `turn_id`);
+    `response_id`: the reply the dialog requested with it (`auto_reply` under server VAD), if any."""
+
+    kind: ClassVar[str] = "committed"
+    item_id: str
+    audio_ms: float = 0.0
+    image_count: int = 0
+    auto_reply: bool = False
+    response_id: str = ""
+
+
+class TurnQueued(NodeEvent, kw_only=True):
+    """dialog: the reply `response_id` is turn `turn_id`."""
+
+    kind: ClassVar[str] = "turn_queued"
+    response_id: str
+
+
+class NodeError(NodeEvent, kw_only=True):
+    """A request a node refused or could not serve, in the protocol's error terms; `response_id`:
+    the reply that will not come, if one was asked for."""
+
+    kind: ClassVar[str] = "error"
+    code: str
+    message: str
+    param: str | None = None
+    response_id: str = ""
+
+
+class TranscriptDelta(NodeEvent, kw_only=True):
+    """thinker: a piece of user item `item_id`'s transcript."""
+
+    kind: ClassVar[str] = "transcription_delta"
+    item_id: str
+    delta: str
+
+
+class TranscriptCompleted(NodeEvent, kw_only=True):
+    """thinker: user item `item_id`'s whole transcript; `usage`: the pass's token counts."""
+
+    kind: ClassVar[str] = "transcription_completed"
+    item_id: str
+    transcript: str
+    usage: dict[str, int] = {}
+
+
+class TranscriptFailed(NodeEvent, kw_only=True):
+    """thinker: no transcript of user item `item_id`."""
+
+    kind: ClassVar[str] = "transcription_failed"
+    item_id: str
+    code: str
+    message: str
 
 
 # --------------------------------------------------------------------------- controls

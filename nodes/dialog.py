@@ -8,8 +8,9 @@ Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechPau
   `max_utterance_frames` images that fell in it), client-created items (`AddItem`, with
   `insert_after` when not at the end), deletions (`DeleteItem`: a `Turn` with `delete_key`),
   and reply requests;
-- `events`: `NodeEvent`s for the transport (`speech_started`, `speech_stopped`, `committed`,
-  `cleared`, `timeout_triggered`, `turn_queued`, `input_ended`, `error`).
+- `events`: `NodeEvent`s for the transport (graph/messages.py: `InputSpeechStarted`,
+  `InputSpeechStopped`, `InputCommitted`, `InputCleared`, `InputTimeout`, `TurnQueued`,
+  `InputEnded`, `NodeError`, and `InputSoundStarted` / `InputSoundDismissed`).
 
 An utterance runs from speech start minus `prefix_padding_ms` to speech stop (server VAD), or
 is everything appended since the last commit/clear (manual mode, `turn_detection: null`).
@@ -70,9 +71,18 @@ from graph.messages import (
     CreateResponse,
     DeleteItem,
     ImageFrame,
+    InputCleared,
+    InputCommitted,
     InputEnd,
+    InputEnded,
+    InputSoundDismissed,
+    InputSoundStarted,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    InputTimeout,
     Interrupt,
     Message,
+    NodeError,
     NodeEvent,
     ReplyDone,
     ReplyParams,
@@ -81,6 +91,7 @@ from graph.messages import (
     SpeechStarted,
     SpeechStopped,
     Turn,
+    TurnQueued,
 )
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -183,7 +194,7 @@ class DialogSession(NodeSession):
             await self._sound_over(emit)
             self.sound_start_ms = None
             if self.speaking and not self.overflowed:
-                await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": message.audio_end_ms, "item_id": self.item_id}))
+                await emit("events", InputSpeechStopped(audio_end_ms=message.audio_end_ms, item_id=self.item_id))
                 await self._commit(emit, auto_reply=True, end_ms=message.audio_end_ms)
             self.speaking = self.overflowed = False
             self.idle_since_ms = message.audio_end_ms
@@ -222,7 +233,7 @@ class DialogSession(NodeSession):
             if self.sound_start_ms is None:
                 self.sound_start_ms = event.audio_start_ms
                 self.sound_held = True
-                await emit("events", NodeEvent(kind="sound_started", fields={"audio_start_ms": event.audio_start_ms}))
+                await emit("events", InputSoundStarted(audio_start_ms=event.audio_start_ms))
             return
         self.sound_start_ms = None
         self.sound_held = False
@@ -233,12 +244,12 @@ class DialogSession(NodeSession):
         self.utterance_start_ms = self.utterance[0].media_ms if self.utterance else event.audio_start_ms
         self.ring.clear()
         self.item_id = _item_id()
-        await emit("events", NodeEvent(kind="speech_started", fields={"audio_start_ms": self.utterance_start_ms, "item_id": self.item_id}))
+        await emit("events", InputSpeechStarted(audio_start_ms=self.utterance_start_ms, item_id=self.item_id))
 
     async def _sound_over(self, emit) -> None:
         if self.sound_held:
             self.sound_held = False
-            await emit("events", NodeEvent(kind="sound_dismissed"))
+            await emit("events", InputSoundDismissed())
 
     async def _too_long(self, emit) -> None:
         await self._retract(emit)
@@ -258,7 +269,7 @@ class DialogSession(NodeSession):
         item_id = _item_id()
         await emit(
             "events",
-            NodeEvent(kind="timeout_triggered", fields={"audio_start_ms": self.idle_since_ms, "audio_end_ms": self.now_ms, "item_id": item_id}),
+            InputTimeout(audio_start_ms=self.idle_since_ms, audio_end_ms=self.now_ms, item_id=item_id),
         )
         self.item_id = item_id
         self.idle_since_ms = self.now_ms
@@ -279,7 +290,7 @@ class DialogSession(NodeSession):
             self._reset_utterance()
             self.ring.clear()
             self.speaking = False
-            await emit("events", NodeEvent(kind="cleared"))
+            await emit("events", InputCleared())
         elif isinstance(command, AddItem):
             audio = command.audio
             if audio is not None and command.sample_rate != RATE:
@@ -323,10 +334,10 @@ class DialogSession(NodeSession):
             # What is left of the input becomes a last turn (less than 100 ms is dropped quietly).
             if self.utterance_ms >= MIN_COMMIT_MS and (self.speaking or self.vad is None):
                 if self.speaking:
-                    await emit("events", NodeEvent(kind="speech_stopped", fields={"audio_end_ms": self.now_ms, "item_id": self.item_id}))
+                    await emit("events", InputSpeechStopped(audio_end_ms=self.now_ms, item_id=self.item_id))
                 await self._commit(emit, auto_reply=True)
             self.speaking = False
-            await emit("events", NodeEvent(kind="input_ended", fields={"audio_end_ms": self.now_ms}))
+            await emit("events", InputEnded(audio_end_ms=self.now_ms))
 
     async def _create_response(self, reply: ReplyParams, emit) -> None:
         if reply.response_id in self.cancelled:
@@ -343,7 +354,7 @@ class DialogSession(NodeSession):
         turn_id = self._next_turn()
         await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions,
                     tools=self.tools, media_ms=self.now_ms))
-        await emit("events", NodeEvent(kind="turn_queued", turn_id=turn_id, fields={"response_id": reply.response_id}))
+        await emit("events", TurnQueued(turn_id=turn_id, response_id=reply.response_id))
 
     async def _commit(self, emit, auto_reply: bool, end_ms: float | None = None, allow_empty: bool = False) -> bool:
         audio_ms = self.utterance_ms
@@ -389,12 +400,8 @@ class DialogSession(NodeSession):
         )
         await emit(
             "events",
-            NodeEvent(
-                kind="committed",
-                turn_id=turn_id,
-                fields={"item_id": item_id, "audio_ms": audio_ms, "image_count": len(frames), "auto_reply": auto_reply,
-                        **({"response_id": reply.response_id} if reply is not None else {})},
-            ),
+            InputCommitted(turn_id=turn_id, item_id=item_id, audio_ms=audio_ms, image_count=len(frames),
+                           auto_reply=auto_reply, response_id=reply.response_id if reply is not None else ""),
         )
         self._reset_utterance()
         return True
@@ -467,8 +474,8 @@ class DialogSession(NodeSession):
         self.item_id = None
         self.overflowed = False
 
-    async def _error(self, emit, code: str, message: str, **fields: Any) -> None:
-        await emit("events", NodeEvent(kind="error", fields={"code": code, "message": message, **fields}))
+    async def _error(self, emit, code: str, message: str, response_id: str = "") -> None:
+        await emit("events", NodeError(code=code, message=message, response_id=response_id))
 
     def _next_turn(self) -> int:
         self.turn_ids += 1

@@ -6,9 +6,9 @@
                                                  warmup: true, max_transcript_tokens: 448}}
 
 Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
-- `text`: `TextDelta` per reply token that adds text (and `NodeEvent(kind="error")` when a turn
-  that asked for no reply cannot be added to the history; `NodeEvent(kind="transcription_*")`
-  for a user utterance marked `transcribe`: nodes/qwen3_omni/transcription.py, an out-of-band
+- `text`: `TextDelta` per reply token that adds text (and a `NodeError` when a turn that
+  asked for no reply cannot be added to the history; `TranscriptDelta`, `TranscriptCompleted`
+  or `TranscriptFailed` for a user utterance marked `transcribe`: nodes/qwen3_omni/transcription.py, an out-of-band
   pass over the KV, rolled back, run only while no reply needs the thinker); `FunctionCall` per
   function call a reply made, whole, before its `TurnDone` (replies with `ReplyParams.tools`:
   decoding of a call is constrained to the tool's JSON schema, nodes/qwen3_omni/tool_calls.py; a
@@ -97,6 +97,7 @@ from graph.messages import (
     HiddenChunk,
     Interrupt,
     Message,
+    NodeError,
     NodeEvent,
     ReplyParams,
     TextDelta,
@@ -268,9 +269,8 @@ class ThinkerNodeSession(NodeSession):
             except ToolCallsUnavailable as error:
                 self.reply_key = None  # a confirm may have named it
                 await emit("hidden", self._done(message, reply, "failed", "tools_unsupported", Usage()))
-                await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id, kind="error",
-                                             fields={"code": "tools_unsupported", "message": str(error),
-                                                     "response_id": reply.response_id}))
+                await emit("text", NodeError(session_id=message.session_id, turn_id=message.turn_id,
+                                             code="tools_unsupported", message=str(error), response_id=reply.response_id))
                 return
             self.engine.set_sampling(self._sampling_for(reply))
             # From here on an Interrupt naming this reply reaches it, even during the prefill
@@ -316,8 +316,8 @@ class ThinkerNodeSession(NodeSession):
             self.reply_key = None
             await emit("hidden", self._done(message, message.reply, "failed", error.code, Usage()))
         else:
-            await emit("text", NodeEvent(session_id=message.session_id, turn_id=message.turn_id,
-                                         kind="error", fields={"code": error.code, "message": error.message}))
+            await emit("text", NodeError(session_id=message.session_id, turn_id=message.turn_id,
+                                         code=error.code, message=error.message))
 
     # ------------------------------------------------------------------ early prefill
 

@@ -6,9 +6,9 @@ message and the assistant header), decodes greedily, text only, and rolls the KV
 (`ThinkerSession.checkpoint` / `restore`): the conversation, the last reply and the next reply's
 `cached_tokens` are as if the pass never ran. It reports on the thinker's `text` output:
 
-    NodeEvent(kind="transcription_delta",     fields={item_id, delta})       each piece of text
-    NodeEvent(kind="transcription_completed", fields={item_id, transcript, usage})
-    NodeEvent(kind="transcription_failed",    fields={item_id, code, message})
+    TranscriptDelta(item_id, delta)                    each piece of text
+    TranscriptCompleted(item_id, transcript, usage)
+    TranscriptFailed(item_id, code, message)
 
 A pass never holds up a reply:
 - it runs only while the thinker has nothing else to do: an utterance that a reply answers at once
@@ -34,7 +34,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from graph.executor import current_due, current_release
-from graph.messages import Embeddings, HiddenChunk, Message, NodeEvent
+from graph.messages import (
+    Embeddings,
+    HiddenChunk,
+    Message,
+    NodeEvent,
+    TranscriptCompleted,
+    TranscriptDelta,
+    TranscriptFailed,
+)
 from graph.node import Emit
 from nodes.qwen3_omni.inputs import build_turn_inputs
 from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerError, ThinkerSession
@@ -181,11 +189,11 @@ class Transcriber:
     async def _pass(self, job: _Job) -> bool:
         """One transcript; False: it gave way before finishing (it stays queued)."""
         if not job.in_history:
-            await self._report(job, "transcription_failed", code="transcription_unavailable",
+            await self._report(job, TranscriptFailed, code="transcription_unavailable",
                                message="The utterance could not be added to the model's context, so it was not transcribed.")
             return True
         if job.audio_tokens == 0:
-            await self._report(job, "transcription_completed", transcript="", usage={})
+            await self._report(job, TranscriptCompleted, transcript="", usage={})
             return True
         engine = self.engine
         mark = engine.checkpoint(before_last_user_message=not job.keep_in_history)
@@ -207,7 +215,7 @@ class Transcriber:
                 step = await self.executor.decode(engine)
                 if step.text and not sent_before:
                     job.deltas_sent = True
-                    await self._report(job, "transcription_delta", delta=step.text)
+                    await self._report(job, TranscriptDelta, delta=step.text)
                 if step.finish_reason is not None:
                     break
             transcript, usage = engine.reply_text(), engine.reply_usage()
@@ -215,17 +223,17 @@ class Transcriber:
             cancelled = True  # the session is closing: its KV goes with it
             raise
         except ThinkerError as error:
-            await self._report(job, "transcription_failed", code=error.code, message=error.message)
+            await self._report(job, TranscriptFailed, code=error.code, message=error.message)
             return True
         except Exception as exc:
             log.exception("transcription of %s failed", job.item_id)
-            await self._report(job, "transcription_failed", code="transcription_failed",
+            await self._report(job, TranscriptFailed, code="transcription_failed",
                                message=f"The transcription failed: {type(exc).__name__}: {exc}")
             return True
         finally:
             if not cancelled:
                 engine.restore(mark)
-        await self._report(job, "transcription_completed", transcript=transcript.strip(), usage={
+        await self._report(job, TranscriptCompleted, transcript=transcript.strip(), usage={
             "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
             "input_text_tokens": usage.input_text_tokens, "input_audio_tokens": usage.input_audio_tokens,
         })
@@ -235,9 +243,9 @@ class Transcriber:
         """Whether the pass stops here for a message (an utterance to be forgotten finishes first)."""
         return self._yield and job.keep_in_history
 
-    async def _report(self, job: _Job, kind: str, **fields: Any) -> None:
+    async def _report(self, job: _Job, event: type[NodeEvent], **fields: Any) -> None:
         assert self._emit is not None
-        await self._emit("text", NodeEvent(turn_id=job.turn_id, kind=kind, fields={"item_id": job.item_id, **fields}))
+        await self._emit("text", event(turn_id=job.turn_id, item_id=job.item_id, **fields))
 
 
 def _instruction_turn(omni: Any, text: str) -> dict[str, Any]:

@@ -70,15 +70,28 @@ from graph.messages import (
     DeleteItem,
     FunctionCall,
     ImageFrame,
+    InputCleared,
+    InputCommitted,
     InputEnd,
+    InputEnded,
+    InputSoundDismissed,
+    InputSoundStarted,
+    InputSpeechStarted,
+    InputSpeechStopped,
+    InputTimeout,
     Interrupt,
     Message,
+    NodeError,
     NodeEvent,
     ReplyDone,
     ReplyParams,
     TextDelta,
+    TranscriptCompleted,
+    TranscriptDelta,
+    TranscriptFailed,
     Truncate,
     TurnDone,
+    TurnQueued,
     Usage,
 )
 from session_server.realtime import events as ev
@@ -270,7 +283,7 @@ class RealtimeProtocol:
         # sglang-omni-v0 clients get a user transcript after its turn's reply is done: the reply
         # answering each transcribed item, and transcript events held until it is done.
         self._reply_of_item: dict[str, str] = {}
-        self._held_transcripts: list[tuple[str, dict[str, Any]]] = []
+        self._held_transcripts: list[TranscriptDelta | TranscriptCompleted | TranscriptFailed] = []
         self._end_event_id: str | None = None  # event_id of sglang.input_audio.end (acks carry it)
         self._consumed_ms = 0.0  # input the dialog had taken in when input ended
 
@@ -623,68 +636,65 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ graph output
 
     def _node_event(self, event: NodeEvent) -> None:
-        fields = event.fields
-        kind = event.kind
-        if kind == "speech_started":
-            self._send("input_audio_buffer.speech_started", audio_start_ms=int(fields["audio_start_ms"]), item_id=fields["item_id"])
+        if isinstance(event, InputSpeechStarted):
+            self._send("input_audio_buffer.speech_started", audio_start_ms=int(event.audio_start_ms), item_id=event.item_id)
             detection = self.config.turn_detection
             active = self._active()
             if active is not None and detection is not None and detection.interrupt_response:
                 self._cancel(active, "turn_detected")
-        elif kind in ("sound_started", "sound_dismissed"):
+        elif isinstance(event, (InputSoundStarted, InputSoundDismissed)):
             detection = self.config.turn_detection
             if detection is not None and detection.interrupt_response:
-                self._out.append(HoldPlayback(held=kind == "sound_started"))
-        elif kind == "speech_stopped":
-            self._send("input_audio_buffer.speech_stopped", audio_end_ms=int(fields["audio_end_ms"]), item_id=fields["item_id"])
-        elif kind == "timeout_triggered":
+                self._out.append(HoldPlayback(held=isinstance(event, InputSoundStarted)))
+        elif isinstance(event, InputSpeechStopped):
+            self._send("input_audio_buffer.speech_stopped", audio_end_ms=int(event.audio_end_ms), item_id=event.item_id)
+        elif isinstance(event, InputTimeout):
             self._send(
                 "input_audio_buffer.timeout_triggered",
-                audio_start_ms=int(fields["audio_start_ms"]),
-                audio_end_ms=int(fields["audio_end_ms"]),
-                item_id=fields["item_id"],
+                audio_start_ms=int(event.audio_start_ms),
+                audio_end_ms=int(event.audio_end_ms),
+                item_id=event.item_id,
             )
-        elif kind == "committed":
-            self._committed(fields, event.turn_id)
-        elif kind == "cleared":
+        elif isinstance(event, InputCommitted):
+            self._committed(event)
+        elif isinstance(event, InputCleared):
             self._send("input_audio_buffer.cleared")
-        elif kind == "turn_queued":
-            response_id = fields["response_id"]
-            self._by_turn[event.turn_id] = response_id
-            if response_id in self.responses:
-                self.responses[response_id].turn_id = event.turn_id
-        elif kind == "input_ended":
+        elif isinstance(event, TurnQueued):
+            self._by_turn[event.turn_id] = event.response_id
+            if event.response_id in self.responses:
+                self.responses[event.response_id].turn_id = event.turn_id
+        elif isinstance(event, InputEnded):
             self._ended_acknowledged = True
             accepted = round(self._input_ms, 3)
             # What the dialog took in: all accepted audio but a last partial VAD window (discarded).
-            self._consumed_ms = min(float(fields.get("audio_end_ms", accepted)), accepted)
+            self._consumed_ms = min(float(event.audio_end_ms), accepted)
             self._send("sglang.input_audio.ended", audio_end_ms=accepted, accepted_end_ms=accepted, tail_policy=TAIL_POLICY,
                        client_event_id=self._end_event_id)
             self._maybe_drained()
-        elif kind == "error":
-            dropped = self.responses.get(fields.get("response_id") or "")
+        elif isinstance(event, NodeError):
+            dropped = self.responses.get(event.response_id)
             if dropped is not None and dropped.state is ResponseState.QUEUED:
                 self._advance(dropped, ResponseState.DONE)
-            self._error(RealtimeError(fields["code"], fields["message"], fields.get("param")))
-        elif kind.startswith("transcription_"):
-            self._transcription_event(kind, fields)
+            self._error(RealtimeError(event.code, event.message, event.param))
+        elif isinstance(event, (TranscriptDelta, TranscriptCompleted, TranscriptFailed)):
+            self._transcription_event(event)
 
-    def _committed(self, fields: dict[str, Any], turn_id: int) -> None:
-        item_id = fields["item_id"]
+    def _committed(self, event: InputCommitted) -> None:
+        item_id = event.item_id
         previous = next(reversed(self.items), None)
         self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
         content: list[dict[str, Any]] = [{"type": "input_audio", "transcript": None}]
-        content += [{"type": "input_image", "image_url": None}] * int(fields.get("image_count", 0))
+        content += [{"type": "input_image", "image_url": None}] * event.image_count
         self._turns_processed = True
         self._add_item(Item(item_id, "user", content))
         if self.config.type == "transcription":
             return  # transcripts only: the dialog marked the turn for one; no reply
         detection = self.config.turn_detection
-        if fields.get("auto_reply") and (detection is None or detection.create_response):
+        if event.auto_reply and (detection is None or detection.create_response):
             settings = response_settings(self.config, None)
-            if fields.get("response_id"):  # the dialog made the reply with the commit (`graph_config`)
-                response = Response(fields["response_id"], settings, turn_id=turn_id)
-                self._by_turn[turn_id] = response.id
+            if event.response_id:  # the dialog made the reply with the commit (`graph_config`)
+                response = Response(event.response_id, settings, turn_id=event.turn_id)
+                self._by_turn[event.turn_id] = response.id
                 self._queue(response)
             else:
                 # The reply need not queue behind the audio appended since the commit (on a
@@ -748,38 +758,38 @@ class RealtimeProtocol:
         streaming when its transcript is ready."""
         return self.dialect.name == SGLANG_OMNI_V0 and self.config.transcription is not None
 
-    def _transcription_event(self, kind: str, fields: dict[str, Any]) -> None:
+    def _transcription_event(self, event: TranscriptDelta | TranscriptCompleted | TranscriptFailed) -> None:
         """A transcript event: sent now, or held while the reply answering its item is open
         (`_transcripts_follow_replies`)."""
-        reply = self._reply_of_item.get(fields["item_id"])
+        reply = self._reply_of_item.get(event.item_id)
         if reply is not None and reply in self.responses:
-            self._held_transcripts.append((kind, fields))  # sent by `_flush` once the reply is done
+            self._held_transcripts.append(event)  # sent by `_flush` once the reply is done
             return
-        if kind != "transcription_delta":
-            self._reply_of_item.pop(fields["item_id"], None)
-        self._send_transcription_event(kind, fields)
+        if not isinstance(event, TranscriptDelta):
+            self._reply_of_item.pop(event.item_id, None)
+        self._send_transcription_event(event)
 
     def _release_transcripts(self) -> None:
         """Send the held transcript events whose reply is done (its `response.done` is already out)."""
         held, self._held_transcripts = self._held_transcripts, []
-        for kind, fields in held:
-            self._transcription_event(kind, fields)
+        for event in held:
+            self._transcription_event(event)
 
-    def _send_transcription_event(self, kind: str, fields: dict[str, Any]) -> None:
+    def _send_transcription_event(self, event: TranscriptDelta | TranscriptCompleted | TranscriptFailed) -> None:
         """The transcript of a committed user audio item, as the thinker's out-of-band pass reports
         it (nodes/qwen3_omni/transcription.py): deltas, then completed (kept on the item) or failed."""
-        ref = {"item_id": fields["item_id"], "content_index": 0}  # the item's input_audio part
-        if kind == "transcription_delta":
-            self._send("conversation.item.input_audio_transcription.delta", **ref, delta=fields["delta"])
-        elif kind == "transcription_completed":
-            item = self.items.get(fields["item_id"])
+        ref = {"item_id": event.item_id, "content_index": 0}  # the item's input_audio part
+        if isinstance(event, TranscriptDelta):
+            self._send("conversation.item.input_audio_transcription.delta", **ref, delta=event.delta)
+        elif isinstance(event, TranscriptCompleted):
+            item = self.items.get(event.item_id)
             if item is not None and item.content:
                 # New objects: events already queued hold the old ones.
-                item.content = [{**item.content[0], "transcript": fields["transcript"]}, *item.content[1:]]
+                item.content = [{**item.content[0], "transcript": event.transcript}, *item.content[1:]]
             self._send("conversation.item.input_audio_transcription.completed", **ref,
-                       transcript=fields["transcript"], usage=transcription_usage_wire(fields.get("usage") or {}))
-        elif kind == "transcription_failed":
-            error = {"type": "server_error", "code": fields["code"], "message": fields["message"], "param": None}
+                       transcript=event.transcript, usage=transcription_usage_wire(event.usage))
+        else:
+            error = {"type": "server_error", "code": event.code, "message": event.message, "param": None}
             self._send("conversation.item.input_audio_transcription.failed", **ref, error=error)
 
     def _refuse_in_transcription_session(self, event: str) -> None:

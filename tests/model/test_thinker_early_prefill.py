@@ -66,7 +66,7 @@ def reply_ended(response_id: str):
 
 def transcript_ended(item_id: str):
     return lambda out: any(isinstance(m, NodeEvent) and m.kind.startswith("transcription_") and m.kind != "transcription_delta"
-                           and m.fields["item_id"] == item_id for m in out)
+                           and m.item_id == item_id for m in out)
 
 
 def both(*conditions):
@@ -266,7 +266,7 @@ async def test_a_confirm_with_transcribe_reports_the_transcript_under_the_real_i
     out, expected = await collect(early, until), await collect(plain, until)
 
     def transcription(messages):
-        return [(m.kind, m.fields) for m in messages if isinstance(m, NodeEvent) and m.kind.startswith("transcription_")]
+        return [(m.kind, m.payload()) for m in messages if isinstance(m, NodeEvent) and m.kind.startswith("transcription_")]
 
     events = transcription(out)
     assert events[-1][0] == "transcription_completed" and events[-1][1]["usage"]["input_audio_tokens"] == 13
@@ -290,7 +290,7 @@ async def test_a_confirm_of_a_failed_early_prefill_fails_the_reply_with_its_code
         await session.send("turns", confirming(4, "spec_b", "item_4", None))
         async with asyncio.timeout(30):
             notice = await anext(session.outputs())
-        assert isinstance(notice, NodeEvent) and (notice.kind, notice.fields["code"]) == ("error", "context_exhausted")
+        assert isinstance(notice, NodeEvent) and (notice.kind, notice.code) == ("error", "context_exhausted")
     finally:
         await runtime.stop(0)
 

@@ -147,7 +147,7 @@ async def test_a_turn_past_the_context_fails_with_context_exhausted(start_runtim
     await session.send("turns", Turn(turn_id=1, audio=speech(3.0)))
     async with asyncio.timeout(30):
         notice = await anext(session.outputs())
-    assert isinstance(notice, NodeEvent) and notice.fields["code"] == "context_exhausted"
+    assert isinstance(notice, NodeEvent) and notice.code == "context_exhausted"
     # A turn that asks for a reply: the reply fails with the same code.
     await session.send("turns", Turn(turn_id=2, audio=speech(3.0), reply=ReplyParams(response_id="r1")))
     done = (await until_done(session))[-1]

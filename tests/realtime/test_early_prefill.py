@@ -151,7 +151,7 @@ def client_view(out: list) -> list[tuple[str, dict]]:
     view = []
     for event in (m for m in out if isinstance(m, NodeEvent)):
         fields = {key: names.setdefault(value, f"id{len(names)}") if key in ("item_id", "response_id") else value
-                  for key, value in event.fields.items()}
+                  for key, value in event.payload().items()}
         view.append((event.kind, fields))
     return view
 
@@ -184,8 +184,8 @@ async def test_a_pause_sends_the_utterance_ahead_and_the_stop_confirms_it_with_t
     committed = out[-1]
     assert confirming.confirms == speculative.item_id and not confirming.speculative
     assert confirming.audio is None and confirming.images == []
-    assert confirming.item_id == committed.fields["item_id"] and committed.fields["audio_ms"] == 1100
-    assert confirming.reply is not None and confirming.reply.response_id == committed.fields["response_id"]
+    assert confirming.item_id == committed.item_id and committed.audio_ms == 1100
+    assert confirming.reply is not None and confirming.reply.response_id == committed.response_id
     assert confirming.awaited and confirming.turn_id == committed.turn_id
     assert (confirming.media_ms, confirming.reply.voice, confirming.transcribe) == (normal.media_ms, normal.reply.voice, None)
     # The same reply, under the real id.
@@ -247,7 +247,7 @@ async def test_a_commit_without_its_reply_retracts_the_speculation_and_commits_t
     # The model holds a reply header this turn must not have: out with it, and in the old way.
     assert retracting.retracts == speculative.item_id
     assert committed.reply is None and committed.confirms is None and len(committed.audio) == 16 * 1100
-    assert "response_id" not in out[-1].fields
+    assert out[-1].response_id == ""  # no reply was made with it
 
 
 async def test_no_speculation_while_a_reply_is_open(dialog_runtime):

@@ -7,7 +7,22 @@ import json
 
 import numpy as np
 
-from graph.messages import AddItem, AudioChunk, AudioOut, Command, Configure, CreateResponse, Interrupt, NodeEvent, ReplyDone, TextDelta, TurnDone, Usage
+from graph.messages import (
+    AddItem,
+    AudioChunk,
+    AudioOut,
+    Command,
+    Configure,
+    CreateResponse,
+    InputCommitted,
+    InputSpeechStarted,
+    Interrupt,
+    ReplyDone,
+    TextDelta,
+    TurnDone,
+    TurnQueued,
+    Usage,
+)
 from session_server.realtime import session_config
 from session_server.realtime.protocol import (
     CLOSE_INTERNAL,
@@ -46,7 +61,7 @@ def opened() -> RealtimeProtocol:
 
 
 def commit(protocol: RealtimeProtocol, item_id: str, turn_id: int) -> list:
-    return protocol.graph_output(NodeEvent(kind="committed", turn_id=turn_id, fields={"item_id": item_id, "auto_reply": True}))
+    return protocol.graph_output(InputCommitted(turn_id=turn_id, item_id=item_id, auto_reply=True))
 
 
 def test_session_created_carries_the_full_effective_session():
@@ -101,9 +116,9 @@ def test_barge_in_interrupts_the_graph_and_drops_late_output():
     protocol = opened()
     commit(protocol, "item_a", 1)
     (active,) = protocol.responses.values()
-    protocol.graph_output(NodeEvent(kind="turn_queued", turn_id=2, fields={"response_id": active.id}))
+    protocol.graph_output(TurnQueued(turn_id=2, response_id=active.id))
     protocol.graph_output(AudioOut(response_id=active.id, samples=np.zeros(2400, np.float32)))
-    actions = protocol.graph_output(NodeEvent(kind="speech_started", fields={"audio_start_ms": 900, "item_id": "item_b"}))
+    actions = protocol.graph_output(InputSpeechStarted(audio_start_ms=900, item_id="item_b"))
     assert kinds(actions)[0] == "input_audio_buffer.speech_started"
     (control,) = [a.control for a in actions if isinstance(a, ControlGraph)]
     assert isinstance(control, Interrupt) and (control.turn_id, control.response_id) == (2, active.id)
@@ -123,7 +138,7 @@ def test_speech_does_not_cancel_when_interrupt_response_is_off():
     protocol = opened()
     send(protocol, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}}})
     commit(protocol, "item_a", 1)
-    actions = protocol.graph_output(NodeEvent(kind="speech_started", fields={"audio_start_ms": 900, "item_id": "item_b"}))
+    actions = protocol.graph_output(InputSpeechStarted(audio_start_ms=900, item_id="item_b"))
     assert kinds(actions) == ["input_audio_buffer.speech_started"]
 
 
@@ -292,8 +307,7 @@ def test_an_automatic_reply_the_dialog_made_with_the_commit_needs_no_create_resp
     protocol.open()
     auto_reply = protocol.graph_config()["auto_reply"]
     assert auto_reply.response_id == "" and auto_reply.output_modalities == ("audio",)
-    actions = protocol.graph_output(NodeEvent(kind="committed", turn_id=3, fields={
-        "item_id": "item_a", "auto_reply": True, "response_id": "resp_dialog"}))
+    actions = protocol.graph_output(InputCommitted(turn_id=3, item_id="item_a", auto_reply=True, response_id="resp_dialog"))
     assert not [a for a in actions if isinstance(a, SendToGraph)]
     created = [e for e in events(actions) if e["type"] == "response.created"]
     assert [e["response"]["id"] for e in created] == ["resp_dialog"]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types.realtime import RealtimeServerEvent
 
-from graph.messages import AudioOut, NodeEvent, TextDelta, TurnDone
+from graph.messages import AudioOut, InputCommitted, TextDelta, TurnDone, TurnQueued
 from session_server.realtime.events import EVENT_TYPES
 from session_server.realtime.protocol import RealtimeProtocol, SendEvent
 from session_server.realtime.session_config import ServedModel
@@ -66,10 +66,10 @@ raw_texts = st.one_of(
 
 def graph_outputs(protocol: RealtimeProtocol) -> list:
     """What a graph could say next: a commit, a reply's text/audio/end for the active response."""
-    outputs: list = [NodeEvent(kind="committed", turn_id=1, fields={"item_id": "item_fuzz", "auto_reply": True})]
+    outputs: list = [InputCommitted(turn_id=1, item_id="item_fuzz", auto_reply=True)]
     for response_id in list(protocol.responses):
         outputs += [
-            NodeEvent(kind="turn_queued", turn_id=2, fields={"response_id": response_id}),
+            TurnQueued(turn_id=2, response_id=response_id),
             TextDelta(turn_id=2, text="hi", response_id=response_id),
             AudioOut(turn_id=2, samples=np.zeros(240, dtype=np.float32), response_id=response_id),
             TurnDone(turn_id=2, response_id=response_id),

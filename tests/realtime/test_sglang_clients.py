@@ -18,7 +18,7 @@ import pytest
 import websockets
 from PIL import Image
 
-from graph.messages import Interrupt, NodeEvent
+from graph.messages import InputEnded, Interrupt
 from session_server.realtime.protocol import (
     CLOSE_NORMAL,
     CloseSession,
@@ -360,7 +360,7 @@ def test_drain_events_account_for_every_accepted_millisecond():
     append(protocol, 1000, 24000, "a0", seq=0, t_start_ms=0)  # sglang fields, no rate: 16 kHz ...
     assert protocol.config.input_format.rate == 16000  # ... so 24000 samples are 1500 ms
     send(protocol, type="sglang.input_audio.end", event_id="end")
-    actions = protocol.graph_output(NodeEvent(kind="input_ended", fields={"audio_end_ms": 1472.0}))
+    actions = protocol.graph_output(InputEnded(audio_end_ms=1472.0))
     ended, drained = events(actions)
     assert (ended["accepted_end_ms"], ended["tail_policy"], ended["client_event_id"]) == (1500.0, "flush", "end")
     assert (drained["accepted_end_ms"], drained["consumed_ms"], drained["discarded_ms"], drained["padding_ms"]) == (1500.0, 1472.0, 28.0, 0.0)

@@ -20,7 +20,7 @@ import pytest
 import websockets
 
 from configs import load_profile
-from graph.messages import NodeEvent, TextDelta, TurnDone
+from graph.messages import InputCommitted, TextDelta, TranscriptCompleted, TranscriptDelta, TurnDone
 from session_server.cli import _set_section_flags, build_parser
 from session_server.profile import profile_errors
 from session_server.realtime.protocol import RealtimeProtocol, SendEvent
@@ -143,11 +143,10 @@ def v0_protocol() -> RealtimeProtocol:
 
 def test_a_transcript_that_is_ready_before_the_reply_is_done_waits_for_its_response_done():
     protocol = v0_protocol()
-    actions = protocol.graph_output(NodeEvent(kind="committed", turn_id=1, fields={
-        "item_id": "item_u", "auto_reply": True, "response_id": "resp_1"}))
+    actions = protocol.graph_output(InputCommitted(turn_id=1, item_id="item_u", auto_reply=True, response_id="resp_1"))
     actions += protocol.graph_output(TextDelta(turn_id=1, response_id="resp_1", text="Hello", token_ids=(1,)))
-    actions += protocol.graph_output(NodeEvent(kind="transcription_delta", turn_id=1, fields={"item_id": "item_u", "delta": "draw"}))
-    actions += protocol.graph_output(NodeEvent(kind="transcription_completed", turn_id=1, fields={"item_id": "item_u", "transcript": "draw"}))
+    actions += protocol.graph_output(TranscriptDelta(turn_id=1, item_id="item_u", delta="draw"))
+    actions += protocol.graph_output(TranscriptCompleted(turn_id=1, item_id="item_u", transcript="draw"))
     assert not [e for e in sent(actions) if e["type"].startswith("conversation.item.input_audio_transcription")]
     actions += protocol.graph_output(TurnDone(turn_id=1, response_id="resp_1", status="completed"))
     types = [e["type"] for e in worded(protocol, actions)]
@@ -160,9 +159,8 @@ def test_a_client_that_marks_itself_ga_gets_ga_names_and_its_transcripts_as_they
     protocol = v0_protocol()
     protocol.receive_text(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
     assert protocol.dialect.name == "ga"
-    actions = protocol.graph_output(NodeEvent(kind="committed", turn_id=1, fields={
-        "item_id": "item_u", "auto_reply": True, "response_id": "resp_1"}))
-    actions += protocol.graph_output(NodeEvent(kind="transcription_completed", turn_id=1, fields={"item_id": "item_u", "transcript": "hi"}))
+    actions = protocol.graph_output(InputCommitted(turn_id=1, item_id="item_u", auto_reply=True, response_id="resp_1"))
+    actions += protocol.graph_output(TranscriptCompleted(turn_id=1, item_id="item_u", transcript="hi"))
     actions += protocol.graph_output(TextDelta(turn_id=1, response_id="resp_1", text="Hello", token_ids=(1,)))
     types = [e["type"] for e in worded(protocol, actions)]
     assert TRANSCRIPT_DONE in types and "response.output_text.delta" in types

@@ -18,8 +18,12 @@ from configs import load_profile
 from graph.messages import (
     Configure,
     HiddenChunk,
+    InputCommitted,
     NodeEvent,
     ReplyParams,
+    TranscriptCompleted,
+    TranscriptDelta,
+    TranscriptFailed,
     Truncate,
     Turn,
     TurnDone,
@@ -66,11 +70,11 @@ def opened() -> RealtimeProtocol:
 
 
 def committed(protocol: RealtimeProtocol, item_id: str, turn_id: int = 1, auto_reply: bool = True) -> list:
-    return protocol.graph_output(NodeEvent(kind="committed", turn_id=turn_id, fields={"item_id": item_id, "auto_reply": auto_reply}))
+    return protocol.graph_output(InputCommitted(turn_id=turn_id, item_id=item_id, auto_reply=auto_reply))
 
 
-def transcript_event(protocol: RealtimeProtocol, kind: str, **fields) -> list:
-    return protocol.graph_output(NodeEvent(kind=kind, turn_id=1, fields=fields))
+def transcript_event(protocol: RealtimeProtocol, event: type[NodeEvent], **fields) -> list:
+    return protocol.graph_output(event(turn_id=1, **fields))
 
 
 TRANSCRIPTION = {"model": "whisper-1", "language": "en", "prompt": "Weather in French cities."}
@@ -124,9 +128,9 @@ def test_a_transcript_reaches_the_client_and_stays_on_its_item():
     added = next(e for e in events(committed(protocol, "item_u1")) if e["type"] == "conversation.item.added")
     assert added["item"]["content"][0] == {"type": "input_audio", "transcript": None}  # null until the transcript
 
-    out = transcript_event(protocol, "transcription_delta", item_id="item_u1", delta="What is ")
-    out += transcript_event(protocol, "transcription_delta", item_id="item_u1", delta="the weather?")
-    out += transcript_event(protocol, "transcription_completed", item_id="item_u1", transcript="What is the weather?",
+    out = transcript_event(protocol, TranscriptDelta, item_id="item_u1", delta="What is ")
+    out += transcript_event(protocol, TranscriptDelta, item_id="item_u1", delta="the weather?")
+    out += transcript_event(protocol, TranscriptCompleted, item_id="item_u1", transcript="What is the weather?",
                             usage={"input_tokens": 60, "output_tokens": 5, "input_text_tokens": 20, "input_audio_tokens": 40})
     deltas, completed = events(out)[:2], events(out)[2]
     assert [(d["type"], d["item_id"], d["content_index"], d["delta"]) for d in deltas] == [
@@ -146,7 +150,7 @@ def test_a_failed_transcript_is_reported_on_its_item_and_the_session_goes_on():
     protocol = opened()
     send(protocol, type="session.update", session={"audio": {"input": {"transcription": {}}}})
     committed(protocol, "item_u1", auto_reply=False)
-    (failed,) = events(transcript_event(protocol, "transcription_failed", item_id="item_u1",
+    (failed,) = events(transcript_event(protocol, TranscriptFailed, item_id="item_u1",
                                         code="context_exhausted", message="the conversation needs 9000 tokens"))
     assert failed["type"] == "conversation.item.input_audio_transcription.failed"
     assert (failed["item_id"], failed["content_index"]) == ("item_u1", 0)
@@ -307,7 +311,7 @@ async def collect(session, done: Callable[[list], bool], timeout: float = 60.0) 
 def transcript_ended(item_id: str):
     def done(out):
         return any(isinstance(m, NodeEvent) and m.kind in ("transcription_completed", "transcription_failed")
-                   and m.fields["item_id"] == item_id for m in out)
+                   and m.item_id == item_id for m in out)
     return done
 
 
@@ -320,7 +324,7 @@ def both(*conditions):
 
 
 def transcription_events(out, item_id: str) -> list[NodeEvent]:
-    return [m for m in out if isinstance(m, NodeEvent) and m.kind.startswith("transcription_") and m.fields["item_id"] == item_id]
+    return [m for m in out if isinstance(m, NodeEvent) and m.kind.startswith("transcription_") and m.item_id == item_id]
 
 
 def thinker_engine(runtime, session):
@@ -347,8 +351,8 @@ async def test_the_pass_follows_the_reply_and_leaves_the_context_as_it_found_it(
     passes = transcription_events(first, "item_1")
     *deltas, completed = passes
     assert completed.kind == "transcription_completed" and deltas and all(d.kind == "transcription_delta" for d in deltas)
-    assert completed.fields["transcript"] == "".join(d.fields["delta"] for d in deltas).strip()
-    usage = completed.fields["usage"]
+    assert completed.transcript == "".join(d.delta for d in deltas).strip()
+    usage = completed.usage
     assert usage["input_audio_tokens"] == 13 and usage["output_tokens"] > 0  # one second of audio
     # The utterance is answered first: the pass starts once the reply is generated.
     reply_done = next(i for i, m in enumerate(first) if isinstance(m, TurnDone))
@@ -393,7 +397,7 @@ async def test_a_pass_in_progress_gives_way_to_a_reply_and_starts_over_after_it(
     assert reply_done < after.index(completed)  # the reply went first; the pass was done after it
     # Started over after the reply, it sends no deltas again (`completed` has the whole transcript).
     assert not [m for m in after[reply_done:] if isinstance(m, NodeEvent) and m.kind == "transcription_delta"]
-    assert len(before) >= 2 and completed.fields["transcript"]
+    assert len(before) >= 2 and completed.transcript
     # The reply saw the conversation without the interrupted pass: its context is the utterance
     # (prefilled at commit) and the reply request.
     prompts = [m for m in before + after if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
@@ -413,8 +417,8 @@ async def test_a_pass_that_fails_reports_failed_and_the_session_goes_on(start_ru
     await session.send("turns", reply_turn(2, "r1"))
     out = await collect(session, both(reply_ended("r1"), transcript_ended("item_1")))
     (failed,) = transcription_events(out, "item_1")
-    assert failed.kind == "transcription_failed" and failed.fields["code"] == "transcription_failed"
-    assert "no instruction today" in failed.fields["message"]
+    assert failed.kind == "transcription_failed" and failed.code == "transcription_failed"
+    assert "no instruction today" in failed.message
     await session.send("turns", Turn(turn_id=3, item_id="item_3", text="Still there?", reply=ReplyParams(response_id="r2", output_modalities=("text",))))
     second = await collect(session, reply_ended("r2"))
     assert second[-1].status in ("completed", "incomplete") and not session.failed

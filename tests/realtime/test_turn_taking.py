@@ -9,7 +9,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from graph.messages import AudioChunk, CreateResponse, InputEnd, NodeEvent, ReplyParams
+from graph.messages import (
+    AudioChunk,
+    CreateResponse,
+    InputCommitted,
+    InputEnd,
+    InputSoundDismissed,
+    InputSoundStarted,
+    InputSpeechStarted,
+    NodeEvent,
+    ReplyParams,
+)
 from graph.runtime import GraphRuntime
 from nodes import smart_turn
 from session_server.realtime.protocol import HoldPlayback, RealtimeProtocol, SendEvent
@@ -82,7 +92,7 @@ async def test_semantic_vad_waits_through_a_mid_sentence_pause_and_commits_one_t
     (stopped,) = of_kind(events, "speech_stopped")
     assert len(of_kind(events, "committed")) == 1
     # Committed on the classifier's word, long before the eagerness maximum (4 s, 8 s) ran out.
-    assert stopped.fields["audio_end_ms"] <= speech_end_ms + 1000
+    assert stopped.audio_end_ms <= speech_end_ms + 1000
     assert events.index(of_kind(events, "committed")[0]) < events.index(of_kind(events, "input_ended")[0])
 
 
@@ -106,7 +116,7 @@ async def test_semantic_vad_high_commits_a_complete_question_within_a_second_of_
     events = await events_for(runtime, "semantic-high", graph_config(type="semantic_vad", eagerness="high"), audio)
     (stopped,) = of_kind(events, "speech_stopped")
     assert len(of_kind(events, "committed")) == 1
-    assert stopped.fields["audio_end_ms"] - speech_end_ms <= 1000
+    assert stopped.audio_end_ms - speech_end_ms <= 1000
 
 
 def open_reply() -> CreateResponse:
@@ -132,8 +142,8 @@ async def test_a_second_of_speech_during_a_reply_starts_a_turn_back_dated_to_its
     (sound,) = of_kind(events, "sound_started")
     assert not of_kind(events, "sound_dismissed")
     # speech_started comes once the sound lasted 250 ms, but names where it began (less the prefix).
-    assert started.fields["audio_start_ms"] <= sound.fields["audio_start_ms"]
-    assert sound.fields["audio_start_ms"] - 300 <= started.fields["audio_start_ms"]
+    assert started.audio_start_ms <= sound.audio_start_ms
+    assert sound.audio_start_ms - 300 <= started.audio_start_ms
     assert len(of_kind(events, "committed")) == 1
 
 
@@ -148,22 +158,22 @@ async def test_without_a_reply_a_short_sound_starts_a_turn_at_once(runtime):
 def protocol_replying() -> RealtimeProtocol:
     protocol = RealtimeProtocol("sess_1", "model-x")
     protocol.open()
-    protocol.graph_output(NodeEvent(kind="committed", turn_id=1, fields={"item_id": "item_a", "auto_reply": True}))
+    protocol.graph_output(InputCommitted(turn_id=1, item_id="item_a", auto_reply=True))
     return protocol
 
 
 def test_a_short_sound_holds_playback_and_releases_it_without_cancelling_the_reply():
     protocol = protocol_replying()
-    held = protocol.graph_output(NodeEvent(kind="sound_started", fields={"audio_start_ms": 900}))
-    released = protocol.graph_output(NodeEvent(kind="sound_dismissed"))
+    held = protocol.graph_output(InputSoundStarted(audio_start_ms=900))
+    released = protocol.graph_output(InputSoundDismissed())
     assert held == [HoldPlayback(held=True)] and released == [HoldPlayback(held=False)]
     assert protocol._active() is not None
 
 
 def test_a_confirmed_turn_during_a_reply_cancels_it():
     protocol = protocol_replying()
-    protocol.graph_output(NodeEvent(kind="sound_started", fields={"audio_start_ms": 900}))
-    actions = protocol.graph_output(NodeEvent(kind="speech_started", fields={"audio_start_ms": 900, "item_id": "item_b"}))
+    protocol.graph_output(InputSoundStarted(audio_start_ms=900))
+    actions = protocol.graph_output(InputSpeechStarted(audio_start_ms=900, item_id="item_b"))
     sent = [a.event for a in actions if isinstance(a, SendEvent)]
     assert sent[0] == {**sent[0], "type": "input_audio_buffer.speech_started", "audio_start_ms": 900}
     done = next(e for e in sent if e["type"] == "response.done")

@@ -178,11 +178,11 @@ async def test_an_utterance_runs_from_speech_start_minus_prefix_padding_to_speec
     started = next(m for m in out if isinstance(m, NodeEvent) and m.kind == "speech_started")
     turn = next(m for m in out if isinstance(m, Turn))
     committed = out[-1]
-    assert started.fields["audio_start_ms"] == 700
+    assert started.audio_start_ms == 700
     assert len(turn.audio) == 16 * 800  # 300 ms prefix + 500 ms of speech
     assert turn.images == [b"frame1100", b"frame1200", b"frame1300", b"frame1400"]  # the newest 4 inside it
-    assert turn.reply is None and turn.item_id == started.fields["item_id"] == committed.fields["item_id"]
-    assert committed.turn_id == turn.turn_id and committed.fields["auto_reply"] is True
+    assert turn.reply is None and turn.item_id == started.item_id == committed.item_id
+    assert committed.turn_id == turn.turn_id and committed.auto_reply is True
 
 
 async def test_manual_commits_clears_and_the_100ms_minimum(dialog_runtime):
@@ -190,14 +190,14 @@ async def test_manual_commits_clears_and_the_100ms_minimum(dialog_runtime):
     await session.send("in", chunk16(0, 50))
     await session.send("in", Commit())
     error = (await drain(session, "error"))[-1]
-    assert error.fields["code"] == "input_audio_buffer_commit_empty"
+    assert error.code == "input_audio_buffer_commit_empty"
     await session.send("in", Clear())
     assert (await drain(session, "cleared"))[-1].kind == "cleared"
     await session.send("in", chunk16(50, 300))
     await session.send("in", Commit())
     out = await drain(session, "committed")
     turn = next(m for m in out if isinstance(m, Turn))
-    assert len(turn.audio) == 16 * 300 and out[-1].fields["auto_reply"] is False
+    assert len(turn.audio) == 16 * 300 and out[-1].auto_reply is False
 
 
 async def test_a_server_vad_utterance_is_committed_at_max_utterance_seconds(dialog_runtime):
@@ -206,7 +206,7 @@ async def test_a_server_vad_utterance_is_committed_at_max_utterance_seconds(dial
     for ms in range(0, 3000, 100):
         await session.send("in", chunk16(ms))
     out = await drain(session, "committed")
-    assert any(isinstance(m, NodeEvent) and m.kind == "error" and m.fields["code"] == "utterance_too_long" for m in out)
+    assert any(isinstance(m, NodeEvent) and m.kind == "error" and m.code == "utterance_too_long" for m in out)
     turn = next(m for m in out if isinstance(m, Turn))
     assert len(turn.audio) <= 16 * 2100
 
@@ -216,12 +216,12 @@ async def test_replies_past_max_queued_turns_are_refused(dialog_runtime):
     for n in range(4):  # one being answered + 2 queued is the bound
         await session.send("in", CreateResponse(reply=ReplyParams(response_id=f"r{n}")))
     out = await drain(session, "error")
-    queued = [m.fields["response_id"] for m in out if isinstance(m, NodeEvent) and m.kind == "turn_queued"]
+    queued = [m.response_id for m in out if isinstance(m, NodeEvent) and m.kind == "turn_queued"]
     assert queued == ["r0", "r1", "r2"]
-    assert out[-1].fields == {"code": "max_queued_turns_exceeded", "message": out[-1].fields["message"], "response_id": "r3"}
+    assert (out[-1].kind, out[-1].code, out[-1].response_id) == ("error", "max_queued_turns_exceeded", "r3")
     await session.send("in", ReplyDone(response_id="r0"))
     await session.send("in", CreateResponse(reply=ReplyParams(response_id="r4")))
-    assert (await drain(session, "turn_queued"))[-1].fields["response_id"] == "r4"
+    assert (await drain(session, "turn_queued"))[-1].response_id == "r4"
 
 
 async def test_server_vad_idle_timeout_commits_an_empty_turn_that_asks_for_a_reply(dialog_runtime):
@@ -230,9 +230,9 @@ async def test_server_vad_idle_timeout_commits_an_empty_turn_that_asks_for_a_rep
         await session.send("in", chunk16(ms, value=0.0))
     out = await drain(session, "committed")
     timeout = next(m for m in out if isinstance(m, NodeEvent) and m.kind == "timeout_triggered")
-    assert timeout.fields["audio_start_ms"] == 0 and timeout.fields["audio_end_ms"] >= 500
+    assert timeout.audio_start_ms == 0 and timeout.audio_end_ms >= 500
     committed = out[-1]
-    assert committed.fields["auto_reply"] is True and committed.fields["item_id"] == timeout.fields["item_id"]
+    assert committed.auto_reply is True and committed.item_id == timeout.item_id
 
 
 async def test_a_client_commit_during_server_vad_speech_ends_that_utterance(dialog_runtime):
@@ -242,7 +242,7 @@ async def test_a_client_commit_during_server_vad_speech_ends_that_utterance(dial
         await session.send("in", chunk16(ms))
     await session.send("in", Commit())
     committed = (await drain(session, "committed"))[-1]
-    assert committed.fields["auto_reply"] is False
+    assert committed.auto_reply is False
     for ms in range(500, 800, 100):
         await session.send("in", chunk16(ms))
     await session.send("in", SpeechStopped(audio_end_ms=800))

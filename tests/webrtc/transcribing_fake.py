@@ -5,7 +5,7 @@ transcripts can be tested without a model. The transcript is the node's `transcr
 
 from __future__ import annotations
 
-from graph.messages import AudioOut, Message, NodeEvent, TextDelta, Turn, TurnDone
+from graph.messages import AudioOut, Message, NodeEvent, TextDelta, TranscriptCompleted, TranscriptDelta, Turn, TurnDone
 from graph.registry import register_node
 from tests.realtime.fakes import FakeReply, FakeReplySession
 from tests.webrtc.helpers import webrtc_profile
@@ -26,9 +26,8 @@ class TranscribedSession(FakeReplySession):
         if isinstance(message, Turn) and message.transcribe is not None and (message.audio is not None or message.confirms is not None):
             # (a confirming turn carries no audio: its early prefill had it, tests/realtime/fakes.py)
             transcript = str(self.node.params.get("transcript", "what is the weather like today in paris"))
-            fields = {"item_id": message.item_id}
-            await emit("out", NodeEvent(turn_id=message.turn_id, kind="transcription_delta", fields={**fields, "delta": transcript}))
-            await emit("out", NodeEvent(turn_id=message.turn_id, kind="transcription_completed", fields={**fields, "transcript": transcript, "usage": {}}))
+            await emit("out", TranscriptDelta(turn_id=message.turn_id, item_id=message.item_id, delta=transcript))
+            await emit("out", TranscriptCompleted(turn_id=message.turn_id, item_id=message.item_id, transcript=transcript))
 
 
 def transcribed_webrtc_profile(reply: dict | None = None, **webrtc) -> dict:
