@@ -121,6 +121,7 @@ from session_server.realtime.sglang_session import (
     Negotiation,
     check_timeline,
 )
+from session_server.realtime.voice_lookups import VoiceLookups, voice_names
 
 # Largest base64 payload of one append or image, as sent (OpenAI's limit is 15 MiB per append).
 MAX_APPEND_CHARS = 15 * 1024 * 1024
@@ -260,6 +261,11 @@ class RealtimeProtocol:
         self.state = SessionState.OPEN
         # `compat`: the server's compatibility preset (compat.py): the defaults and dialect of a
         # client that does not say which dialect it speaks.
+        # Uploaded voices are looked up off the event loop, ahead of the event (voice_lookups.py).
+        self.voice_lookups: VoiceLookups | None = None
+        if served is not None and served.uploaded_speaker is not None:
+            self.voice_lookups = VoiceLookups(served.uploaded_speaker)
+            served = replace(served, uploaded_speaker=self.voice_lookups.speaker)
         self.config = initial_config(compat, SessionConfig(model=model, served=served))
         self.max_append_chars = max_append_chars
         self.items: dict[str, Item] = {}  # the conversation, in order
@@ -315,6 +321,27 @@ class RealtimeProtocol:
     def open(self) -> list[Action]:
         self._send("session.created", session=self._session_wire())
         return self._flush()
+
+    def voices_to_look_up(self, event: str | dict[str, Any]) -> list[str]:
+        """The names the client event `event` (its text, or a parsed `session.update`) will look
+        up in the voice registry. The transport runs `look_up_voice` for each, in a worker
+        thread, before it hands the event over (voice_lookups.py)."""
+        served = self.config.served
+        if self.voice_lookups is None or served is None:
+            return []
+        if isinstance(event, str):
+            if '"voice"' not in event:  # nearly every event (appends): no parse
+                return []
+            try:
+                event = json.loads(event)
+            except (ValueError, RecursionError):
+                return []  # `receive_text` answers it with `invalid_json`
+        return [name for name in voice_names(event) if served.may_be_uploaded(name)]
+
+    def look_up_voice(self, name: str) -> None:
+        """Blocking (the registry): call it in a worker thread, then hand the event over."""
+        assert self.voice_lookups is not None
+        self.voice_lookups.resolve(name)
 
     # ------------------------------------------------------------------ resume (snapshot.py)
 

@@ -98,10 +98,15 @@ class ServedModel:
 
     def uploaded(self, requested: str) -> str | None:
         """The built-in speaker of the uploaded voice `requested`; None for any other name."""
-        lowered = requested.lower()
-        if self.uploaded_speaker is None or lowered in self.speakers or lowered in self.voice_aliases:
+        if not self.may_be_uploaded(requested):
             return None
+        assert self.uploaded_speaker is not None
         return self.uploaded_speaker(requested)
+
+    def may_be_uploaded(self, requested: str) -> bool:
+        """Whether `uploaded` reads the voice registry for `requested` (not a built-in or alias)."""
+        lowered = requested.lower()
+        return self.uploaded_speaker is not None and lowered not in self.speakers and lowered not in self.voice_aliases
 
     def reply_tokens(self, requested: int | None) -> int | None:
         """The reply token bound in force: the client's, never above the profile's cap."""

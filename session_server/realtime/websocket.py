@@ -76,6 +76,7 @@ from session_server.realtime.protocol import (
     reply_input_for,
 )
 from session_server.realtime.served import served_model
+from session_server.realtime.voice_lookups import look_up_voices
 from session_server.state import ServerState
 
 log = logging.getLogger("session_server.realtime")
@@ -233,6 +234,7 @@ class _Link:
                 return
             text = message.get("text")
             if text is not None:
+                await look_up_voices(self.protocol, text)  # off the event loop, before the event
                 self.apply(self.protocol.receive_text(text))
             else:
                 self.apply(self.protocol.receive_binary(message.get("bytes") or b""))
@@ -299,7 +301,7 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []
     try:
-        refusal = _refusal(websocket, state, link.protocol)
+        refusal = await _refusal(websocket, state, link.protocol)
         if refusal is not None:
             link.apply(link.protocol.reject(*refusal, CLOSE_POLICY))
         else:
@@ -364,7 +366,7 @@ async def end_link(link: _Link, writer: asyncio.Task[None], tasks: list[asyncio.
     await _finish(link, writer)
 
 
-def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:
+async def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:
     """Why this connection cannot become a session, as (code, message); None when it can.
 
     Also applies the session config minted into an ephemeral key (`POST /v1/realtime/client_secrets`),
@@ -381,6 +383,7 @@ def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtoco
         return "invalid_api_key", "This ephemeral key was already used or has expired."
     if minted:
         try:
+            await look_up_voices(protocol, {"type": "session.update", "session": minted})
             protocol.configure_initial(minted)
         except RealtimeError as error:
             return error.code, error.message

@@ -57,6 +57,7 @@ from session_server.realtime.protocol import (
     SendEvent,
     SendToGraph,
 )
+from session_server.realtime.voice_lookups import look_up_voices
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.ice import apply_candidate_policy, filter_remote_candidates, rtc_configuration
 from session_server.webrtc.media import InputAudio, RecentIds, ReplyAudioTrack
@@ -91,6 +92,10 @@ class Call:
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_events: deque[str] = deque()
+        # Client messages waiting, in order, behind one whose uploaded voice is being looked up
+        # in a worker thread (realtime/voice_lookups.py); True while that drain runs.
+        self._held_messages: deque[str | bytes] = deque()
+        self._draining_held = False
         self._inputs: deque[SendToGraph] = deque()
         self._inputs_changed = asyncio.Event()
         self._item_of: dict[str, str] = {}  # response id -> its assistant item id
@@ -169,7 +174,33 @@ class Call:
             channel.send(self._pending_events.popleft())
 
     def receive_client_message(self, message: str | bytes) -> None:
-        """A client event from the data channel or a sideband WebSocket: the same rules for both."""
+        """A client event from the data channel or a sideband WebSocket: the same rules for both.
+        One that names an uploaded voice waits for its lookup (off the event loop), and the
+        messages after it wait behind it."""
+        if self._held_messages or (
+            isinstance(message, str) and len(message) <= self.config.max_message_bytes
+            and self.protocol.voices_to_look_up(message)
+        ):
+            self._held_messages.append(message)
+            if not self._draining_held:
+                self._draining_held = True
+                self._spawn(self._receive_held(), "voice-lookups")
+            return
+        self._receive(message)
+
+    async def _receive_held(self) -> None:
+        try:
+            while self._held_messages and not self._closing:
+                message = self._held_messages[0]
+                if isinstance(message, str):
+                    await look_up_voices(self.protocol, message)
+                self._held_messages.popleft()
+                self._receive(message)
+        finally:
+            self._held_messages.clear()
+            self._draining_held = False
+
+    def _receive(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
             self.apply(self.protocol.receive_binary(message))
         elif len(message) > self.config.max_message_bytes:

@@ -26,12 +26,24 @@ from session_server import strict_json
 from session_server.auth import bearer_key
 from session_server.errors import openai_error_response
 from session_server.realtime.events import RealtimeError
-from session_server.realtime.protocol import RealtimeProtocol, realtime_unavailable, reply_input_for
+from session_server.realtime.protocol import (
+    RealtimeProtocol,
+    realtime_unavailable,
+    reply_input_for,
+)
 from session_server.realtime.served import served_model
+from session_server.realtime.voice_lookups import look_up_voices
+from session_server.request_body import declared_body
 from session_server.state import ServerState
 from session_server.webrtc.call import Call, OfferError, new_call_id
-from session_server.request_body import declared_body
-from session_server.webrtc.client_secrets import MAX_SECONDS, MIN_SECONDS, PREFIX, ClientSecretError, ClientSecrets, parse_request
+from session_server.webrtc.client_secrets import (
+    MAX_SECONDS,
+    MIN_SECONDS,
+    PREFIX,
+    ClientSecretError,
+    ClientSecrets,
+    parse_request,
+)
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.registry import CallRegistry
 
@@ -87,8 +99,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
                                         reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
             # The key's config first, then what came with the offer, each as a session.update patch.
-            _initial_config(protocol, minted)
-            _initial_config(protocol, session)
+            await _initial_config(protocol, minted)
+            await _initial_config(protocol, session)
             spent = _spend(client_secrets, key, state)
             try:
                 answer = await _start_call(state, config, calls, call_id, protocol, offer)
@@ -121,7 +133,7 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             seconds, session = parse_request(body)
             _check_model(state, session.get("model"))
             protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id, served=served_model(state))
-            _initial_config(protocol, session)
+            await _initial_config(protocol, session)
             secret = client_secrets.mint(seconds, session)
         except ClientSecretError as exc:
             return openai_error_response(exc.status, exc.message, param=exc.param, code=exc.code)
@@ -203,9 +215,10 @@ def _spend(client_secrets: ClientSecrets, key: str | None, state: ServerState) -
     return False
 
 
-def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:
+async def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -> None:
     """Apply a `session` config given with the offer (or minted into the key) before the session opens."""
     try:
+        await look_up_voices(protocol, {"type": "session.update", "session": session})
         protocol.configure_initial(session)
     except RealtimeError as error:
         raise CallRefused(400, error.message, error.code, error.param) from None

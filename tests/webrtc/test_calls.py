@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import numpy as np
@@ -198,3 +199,25 @@ async def test_concurrent_calls_each_get_their_own_reply():
         results = await asyncio.gather(*(one_call(f"call {index}") for index in range(4)))
         assert len({session_id for session_id, _ in results}) == 4
         assert all(level > 0.05 for _, level in results)
+
+
+async def test_a_data_channel_event_naming_an_uploaded_voice_is_looked_up_off_the_loop_and_the_next_events_wait_for_it():
+    looked_up: list[tuple[str, int]] = []
+
+    def registry(name: str) -> str | None:
+        looked_up.append((name, threading.get_ident()))
+        return "chelsie" if name == "narrator" else None
+
+    async with running_server(webrtc_profile(), api_key=API_KEY) as server:
+        server.state.uploaded_speaker = registry
+        server.state.served = None  # read again, with this registry, by the next call
+        async with WebRTCSession.connect(server.base_url, API_KEY, loopback=True) as call:
+            await call.next_event("session.created")
+            call.send({"type": "session.update", "event_id": "evt_voice", "session": {"audio": {"output": {"voice": "narrator"}}}})
+            call.send({"type": "session.update", "event_id": "evt_next", "session": {"instructions": "After the voice."}})
+            first, second = [e["session"] for e in await call.events_until("session.updated") +
+                             await call.events_until("session.updated") if e["type"] == "session.updated"]
+    assert first["audio"]["output"]["voice"] == "narrator" and first["instructions"] != "After the voice."
+    assert second["audio"]["output"]["voice"] == "narrator" and second["instructions"] == "After the voice."
+    assert [name for name, _ in looked_up] == ["narrator"]
+    assert threading.get_ident() not in [thread for _, thread in looked_up]
