@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
-from nodes.qwen3_omni.lean_decode import LeanPredictor
+from nodes.qwen3_omni.lean_decode import LeanPredictor, signed_sin
 from nodes.qwen3_omni.lean_layers import LeanStack
 
 # chooser(group, logits [B, V] float32) -> codes [B] (long): greedy or sampled, per reply.
@@ -144,10 +144,6 @@ class CodePredictor:
                     positions = (torch.arange(1, device=inputs.device) + group).unsqueeze(0)
                 probe = inputs[:1, : positions.shape[1]]
                 cos, sin = rotary(probe, positions)  # [1, q, head_dim]
-                # As the lean layers take them: [1, q, 1, head_dim], the sin's first half negated
-                # (rotate_half(x) * sin == x.roll(half) * signed sin).
-                half = sin.shape[-1] // 2
-                signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-                ropes.append((positions, cos[:, :, None], signed_sin[:, :, None]))
+                ropes.append((positions, cos[:, :, None], signed_sin(sin)[:, :, None]))  # as the lean layers take them
             self._rope[key] = ropes
         return ropes

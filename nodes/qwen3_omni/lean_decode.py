@@ -239,7 +239,23 @@ class LeanDecode:
 
 
 
-class LeanTalkerDecode:
+class _LeanStack:
+    """A decoder stack mirrored here: its layers' parameters and final norm, looked up once."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.why_not = unsupported(model)
+        if self.why_not is not None:
+            return
+        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
+        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
+
+    def usable(self) -> bool:
+        """Whether the lean forward gives what the HF forward gives now (checked per call: cheap)."""
+        return self.why_not is None and runs_as_built(self.model)
+
+
+class LeanTalkerDecode(_LeanStack):
     """The talker's text model for one new position per row of a `SlotBatch`: the decode step of
     `TalkerSlots.forward`, through the same layers as `LeanDecode` (see the module docstring).
 
@@ -247,46 +263,20 @@ class LeanTalkerDecode:
     differ); the rest is `LeanDecode`'s layer loop, the talker's MoE blocks with their shared
     expert."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.why_not = unsupported(model)
-        if self.why_not is not None:
-            return
-        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
-        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
-
-    def usable(self) -> bool:
-        """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
-        return self.why_not is None and runs_as_built(self.model)
-
     def __call__(self, embeds: torch.Tensor, positions: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
         """The talker's normed outputs `[B, D]` for inputs `embeds` `[B, D]` at `positions`
         `[4, B, 1]` (text row, then the 3 rope rows) on `batch`'s rows (one column each). Writes
         the rows' new keys/values; the caller commits the batch."""
         cos, sin = self.model.rotary_emb.forward(embeds, positions[1:])  # [B, 1, head_dim]
-        half = sin.shape[-1] // 2
-        # rotate_half(x) * sin == x.roll(half) * sin with its first half negated (`_rotate`).
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        hidden = _decode_layers(self.layers, embeds, cos, sin, batch, self.hidden_size)
+        hidden = _decode_layers(self.layers, embeds, cos, signed_sin(sin), batch, self.hidden_size)
         return _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
 
 
-class LeanPredictor:
+class LeanPredictor(_LeanStack):
     """The code predictor's decoder layers + final norm for one of a frame's forwards (see
     code_predictor.py): the same ops as `LeanDecode`'s layers (the same bits as the HF modules:
     norms, q/k norms side by side, rotary, dense MLP) with the attention function transformers
     picks, on keys/values kept in lists (a `DynamicCache`'s concatenation)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.why_not = unsupported(model)
-        if self.why_not is not None:
-            return
-        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
-        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
-
-    def usable(self) -> bool:
-        return self.why_not is None and runs_as_built(self.model)
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, attention: Any,
                  keys: list[torch.Tensor], values: list[torch.Tensor], **attention_kwargs: Any) -> torch.Tensor:
@@ -365,8 +355,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: to
     return weight * (x * variance)
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """A rotary sin with its first half negated: `rotate_half(x) * sin == x.roll(half) * signed_sin`
+    exactly, which `_rotate` computes with one op fewer."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """`x * cos + rotate_half(x) * sin` for `x` `[B, heads, head_dim]` (`signed_sin`: see `LeanDecode.rotary`)."""
+    """`x * cos + rotate_half(x) * sin` for `x` `[..., head_dim]` (`signed_sin`: see `signed_sin`)."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
