@@ -62,6 +62,11 @@ class NodeSession:
         Must not block: set a flag or cancel work; the in-flight step checks it.
         """
 
+    def warms_ahead(self) -> bool:
+        """Whether this session's turns start their first stages before the turn ends (early
+        prefill): that warms the first-audio path the runtime's keep-warm exists for."""
+        return False
+
     async def close(self) -> None:
         """Free everything this session holds (KV rows, buffers). Called exactly once."""
 

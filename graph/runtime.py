@@ -95,15 +95,17 @@ class GraphRuntime:
         turn's first stages touch: on the 2-vCPU development VM a 1 ms feature extraction took
         10-45 ms after 2 s idle, and one session's first audio went from ~22 ms to ~55 ms. Under
         load the stages run all the time and this does not run: only while the compute was busy
-        less than `KEEP_WARM_MAX_BUSY` of the last interval (one session's VAD is ~2%)."""
+        less than `KEEP_WARM_MAX_BUSY` of the last interval (one session's VAD is ~2%). Nor for
+        sessions whose turns are prefilled in their pause (`GraphSession.warms_ahead`: server
+        VAD with early prefill): that prefill warms the same stages just before the turn ends."""
         busy_before = self.compute.busy_s
         while True:
             await asyncio.sleep(interval_s)
             busy, busy_before = self.compute.busy_s - busy_before, self.compute.busy_s
             if busy > KEEP_WARM_MAX_BUSY * interval_s:
                 continue  # a busy engine's stages are warm already, and it needs the CPU
-            if not any(session.kind == "realtime" for session in self.sessions.values()):
-                continue
+            if not any(session.kind == "realtime" and not session.warms_ahead() for session in self.sessions.values()):
+                continue  # no live session, or each one's turns are prefilled in their pause (warm then)
             for unit in units:
                 if not self.compute.idle():
                     break

@@ -279,6 +279,11 @@ class GraphSession:
     async def wait_replies_done(self) -> None:
         await self._replies_done.wait()
 
+    def warms_ahead(self) -> bool:
+        """Whether a node of this session starts its turns' first stages before they end (see
+        `NodeSession.warms_ahead`): then keep-warm need not run for it."""
+        return any(node_session.warms_ahead() for node_session in self._node_sessions.values())
+
     async def close(self, reason: str = "closed") -> None:
         """End the session and free everything its nodes hold. Idempotent."""
         if self._closing:

@@ -107,8 +107,9 @@ class GraphSpec:
     # `compute: {devices: [...]}`: one device per engine (e.g. cuda:0, cuda:1), replacing the
     # `device` param of every resource that has one in that engine; empty: as the profile says.
     compute_devices: tuple[str, ...] = ()
-    # `compute: {keep_warm_ms: N}`: while its compute is idle and it hosts a live session, a
-    # runtime runs its nodes' `keep_warm` units every N ms (graph/runtime.py); null: never.
+    # `compute: {keep_warm_ms: N}`: while its compute is idle and it hosts a live session whose
+    # turns are not prefilled in their pause, a runtime runs its nodes' `keep_warm` units every N
+    # ms (graph/runtime.py); null: never.
     compute_keep_warm_s: float | None = None
 
 

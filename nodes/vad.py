@@ -273,12 +273,18 @@ class VadSession(NodeSession):
             events.append(SpeechPaused(audio_end_ms=end_ms, media_ms=end_ms))
         return events
 
+    def warms_ahead(self) -> bool:
+        """Plain server VAD with early prefill: each turn's utterance is prefilled in its pause."""
+        settings = self.settings
+        return settings is not None and settings.check_after_ms is None and self.node.prefill_early_ms > 0
+
     def _pause_reached(self, silence_ms: float) -> bool:
         """Plain server VAD: the pause is `prefill_early_ms` short of ending the turn."""
         settings = self.settings
-        early_ms = self.node.prefill_early_ms
-        if settings is None or settings.check_after_ms is not None or early_ms <= 0:
+        if not self.warms_ahead():
             return False
+        early_ms = self.node.prefill_early_ms
+        assert settings is not None
         pause_ms = max(settings.silence_duration_ms - early_ms, MIN_PAUSE_MS)
         return pause_ms < settings.silence_duration_ms and silence_ms >= pause_ms
 

@@ -140,6 +140,11 @@ class WarmRelay(Relay):
     def keep_warm(self):
         return lambda: self.warmed.append(threading.current_thread().name)
 
+    def open_session(self, session):
+        state = super().open_session(session)
+        state.warms_ahead = lambda: bool(session.config.get("warms_ahead"))  # as a VAD with early prefill says
+        return state
+
 
 def chunk(ms: float, turn_id: int = -1) -> Message:
     return AudioChunk(samples=np.zeros(160, dtype=np.float32), sample_rate=16000, media_ms=ms, turn_id=turn_id)

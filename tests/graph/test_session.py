@@ -294,6 +294,21 @@ async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is
     assert runtime._warmer is not None and runtime._warmer.done()
 
 
+async def test_keep_warm_does_not_run_for_sessions_whose_turns_are_prefilled_in_their_pause():
+    runtime = await warm_runtime(inline_compute=True)
+    relay = runtime.nodes["relay"]
+    try:
+        await runtime.open_session("early", config={"warms_ahead": True})
+        await asyncio.sleep(0.1)
+        assert relay.warmed == []  # its turns warm the path themselves
+        await runtime.open_session("manual")
+        async with asyncio.timeout(5):
+            while len(relay.warmed) < 3:
+                await asyncio.sleep(0.01)
+    finally:
+        await runtime.stop()
+
+
 async def test_keeping_warm_waits_while_the_compute_has_other_work():
     runtime = await warm_runtime(inline_compute=False)
     relay = runtime.nodes["relay"]

@@ -5,6 +5,8 @@ window speech), so the windows the events follow are exact."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import numpy as np
 import pytest
@@ -89,6 +91,23 @@ async def test_vad_says_when_speech_comes_back_after_a_pause_and_pauses_again(va
     ]
     assert window_before(out, paused[1]) == 20 * WINDOW_MS
     assert isinstance(out[-1], SpeechStopped) and out[-1].audio_end_ms == 25 * WINDOW_MS + 16 * WINDOW_MS
+
+
+async def test_a_session_warms_ahead_exactly_when_its_vad_says_pauses():
+    """What keep-warm asks (graph/runtime.py): plain server VAD with early prefill, nothing else."""
+    semantic = {**TD, "semantic": {"check_after_ms": 200, "max_silence_ms": 2000}}
+    cases = [({}, TD, True), ({}, None, False), ({}, semantic, False), ({"prefill_early_ms": None}, TD, False)]
+    for params, turn_detection, expected in cases:
+        runtime = await scripted_vad(params)
+        try:
+            session = await runtime.open_session("s", config={"turn_detection": turn_detection})
+            assert session.warms_ahead() is expected, (params, turn_detection)
+            await session.send("in", Configure(target="silero_vad", config={"turn_detection": None}))  # a session.update turning VAD off
+            async with asyncio.timeout(5):
+                while session.warms_ahead():
+                    await asyncio.sleep(0.01)
+        finally:
+            await runtime.stop(0)
 
 
 async def test_vad_says_no_pause_in_semantic_mode(vad_runtime):
