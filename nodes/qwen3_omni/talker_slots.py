@@ -20,11 +20,12 @@ Before this, each batched step copied every reply's whole KV into a fresh left-p
 `DynamicCache` and the new column back: O(context) copies per reply per frame.
 
 A decode step runs through `lean_decode.LeanTalkerDecode` (the thinker's lean layer loop: the
-same numbers as `talker.model(...)` but for the dense experts' rounding, ~1e-7), a prefill group
-through `lean_layers.run_layer` (the same numbers to the bit), either without transformers'
-per-call wrappers, unless something hooks the model. Same transformers coupling as the thinker's slot cache (`cache.update` + a 4-D mask passed
-through): tests/model/test_talker.py's batched-vs-alone (decode steps and prefills),
-test_lean_talker.py and test_generate_equivalence.py guard it.
+same numbers as `talker.model(...)` but for the dense experts' float rounding, within 1e-5), a
+prefill group through `lean_layers.run_layer` (the same numbers to the bit), either without
+transformers' per-call wrappers, unless something hooks the model. Same transformers coupling as
+the thinker's slot cache (`cache.update` + a 4-D mask passed through): tests/model/test_talker.py's
+batched-vs-alone (decode steps and prefills), test_lean_talker.py and test_generate_equivalence.py
+guard it.
 """
 
 from __future__ import annotations

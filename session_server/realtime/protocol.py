@@ -259,13 +259,13 @@ class RealtimeProtocol:
         # False: reply audio leaves as `SendAudio` actions (a media track), not `output_audio.delta` events.
         self.audio_deltas = audio_deltas
         self.state = SessionState.OPEN
-        # `compat`: the server's compatibility preset (compat.py): the defaults and dialect of a
-        # client that does not say which dialect it speaks.
         # Uploaded voices are looked up off the event loop, ahead of the event (voice_lookups.py).
         self.voice_lookups: VoiceLookups | None = None
         if served is not None and served.uploaded_speaker is not None:
             self.voice_lookups = VoiceLookups(served.uploaded_speaker)
             served = replace(served, uploaded_speaker=self.voice_lookups.speaker)
+        # `compat`: the server's compatibility preset (compat.py): the defaults and dialect of a
+        # client that does not say which dialect it speaks.
         self.config = initial_config(compat, SessionConfig(model=model, served=served))
         self.max_append_chars = max_append_chars
         self.items: dict[str, Item] = {}  # the conversation, in order
