@@ -84,6 +84,7 @@ class Link:
         self._credits: dict[Hashable, int] = {}
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None  # a deferred flush (see `flush_within`)
+        self._timer_within = 0.0  # the wait it was armed with
         self.credit_delay_s = 0.0  # see credit(); set by the owner from its windows
         self.closed = False
 
@@ -115,14 +116,18 @@ class Link:
         """Flush within `within_s` (0: at the end of this loop turn)."""
         if self._flush_scheduled:
             return
-        loop = asyncio.get_running_loop()
         if within_s <= 0:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        elif self._timer is None or self._timer.when() > loop.time() + within_s:
+            asyncio.get_running_loop().call_soon(self._flush)
+            return
+        if self._timer is not None and within_s >= self._timer_within:
+            return  # armed earlier with no longer a wait: it fires before this deadline (every append)
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._timer.when() > loop.time() + within_s:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = loop.call_later(within_s, self._flush)
+            self._timer_within = within_s
 
     def _flush(self) -> None:
         self._flush_scheduled = False

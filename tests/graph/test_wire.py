@@ -86,3 +86,18 @@ async def test_a_window_gives_room_without_waiting_only_while_it_has_some():
     assert not window.try_take()
     window.give(1)
     assert window.try_take()
+
+
+async def test_a_record_with_a_shorter_wait_brings_a_pending_frame_forward():
+    sender, receiver = await link_pair()
+    sender.credit_delay_s = 30.0
+    try:
+        sender.credit("sess_1")  # may wait 30 s
+        await asyncio.sleep(0.01)
+        sender.send("send", "sess_1", ("audio", 0), within_s=0.01)  # may wait 10 ms: the frame goes then
+        sender.send("send", "sess_1", ("audio", 1), within_s=20.0)  # a longer wait changes nothing
+        records = await asyncio.wait_for(receiver.receive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+    assert records == [("send", "sess_1", ("audio", 0)), ("send", "sess_1", ("audio", 1)), (CREDIT, "", {"sess_1": 1})]
