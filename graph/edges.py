@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-
 T = TypeVar("T")
 
 

@@ -194,28 +194,40 @@ def unsupported(language_model: torch.nn.Module) -> str | None:
     return None
 
 
-class LeanDecode:
+class _LeanStack:
+    """A decoder stack mirrored here: its layers' parameters and final norm, looked up once."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.why_not = unsupported(model)
+        if self.why_not is not None:
+            return
+        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
+        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
+
+    def usable(self) -> bool:
+        """Whether the lean forward gives what the HF forward gives now (checked per call: cheap)."""
+        return self.why_not is None and runs_as_built(self.model)
+
+
+class LeanDecode(_LeanStack):
     """`thinker` text model + lm_head for one new token per row of a `SlotBatch` (see the module docstring)."""
 
     def __init__(self, thinker: torch.nn.Module):
         self.thinker = thinker
-        self.model = thinker.model.language_model
         self.embed = thinker.get_input_embeddings()
         self.lm_head = thinker.lm_head
-        self.why_not = unsupported(self.model)
+        super().__init__(thinker.model.language_model)
         if self.why_not is None and (hooked(self.embed) or hooked(self.lm_head)):
             self.why_not = "hooks on the embeddings or lm_head"
         if self.why_not is not None:
             return
-        self.layers = [_Layer(layer) for layer in self.model.layers]
-        self.norm, self.norm_eps, self.hidden_size = _norm_constants(self.model.norm)
-        rope = self.model.rotary_emb
-        self.rope = rope
-        self.rope_scaling = rope.attention_scaling
+        self.rope = self.model.rotary_emb
+        self.rope_scaling = self.rope.attention_scaling
 
     def usable(self) -> bool:
         """Whether `__call__` gives what the HF forward gives now (checked per call: cheap)."""
-        return self.why_not is None and runs_as_built(self.model) and not hooked(self.thinker)
+        return super().usable() and not hooked(self.thinker)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and "signed" sin `[B, 1, head_dim]` for rotary positions `[B]` (see the module docstring)."""
@@ -236,23 +248,6 @@ class LeanDecode:
         hidden = _decode_layers(self.layers, hidden, cos, sin, batch, self.hidden_size)
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
-
-
-
-class _LeanStack:
-    """A decoder stack mirrored here: its layers' parameters and final norm, looked up once."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.why_not = unsupported(model)
-        if self.why_not is not None:
-            return
-        self.layers = [_Layer(layer) for layer in model.layers[: model.config.num_hidden_layers]]
-        self.norm, self.norm_eps, self.hidden_size = _norm_constants(model.norm)
-
-    def usable(self) -> bool:
-        """Whether the lean forward gives what the HF forward gives now (checked per call: cheap)."""
-        return self.why_not is None and runs_as_built(self.model)
 
 
 class LeanTalkerDecode(_LeanStack):
