@@ -4,7 +4,7 @@ Data messages travel on bounded edges in order. Controls (`Interrupt`, `Truncate
 travel beside them and overtake queued data: the runtime hands a control to every node of the
 session at once and drops queued data of the turn it cancels. A transport's instructions to a
 node are typed data messages too, one class per instruction under the `Command` base
-(`Configure`, `Commit`, `Clear`, `AddItem`, `DeleteItem`, `CreateResponse`, `ReplyDone`,
+(`Configure`, `Commit`, `Clear`, `AddItem`, `DeleteItem`, `CreateResponse`,
 `InputEnd`): they ride the input path in order with the audio, and nodes forward those they do
 not act on.
 
@@ -478,13 +478,6 @@ class CreateResponse(Command, kw_only=True):
     reply: ReplyParams
 
 
-class ReplyDone(Command, kw_only=True):
-    """The transport is done with reply `response_id` (it no longer counts as open)."""
-
-    target: str = "dialog"
-    response_id: str
-
-
 class InputEnd(Command, kw_only=True):
     """The client's input audio ended: what is left of the utterance becomes a last turn."""
 
@@ -516,7 +509,6 @@ DATA_TYPES: dict[str, type[Message]] = {
         AddItem,
         DeleteItem,
         CreateResponse,
-        ReplyDone,
         InputEnd,
     )
 }

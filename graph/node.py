@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from graph.messages import Control, Message
+from graph.replies import Replies
 
 if TYPE_CHECKING:
     from graph.executor import ComputePool
@@ -44,6 +45,8 @@ class SessionInfo:
         # "realtime" for live sessions; "speech" for stateless speech requests (lower priority).
         self.kind = kind
         self.config: dict[str, Any] = dict(config or {})
+        # The replies the session's graph is working on (GraphSession keeps it; nodes read it).
+        self.replies = Replies()
 
 
 class NodeSession:

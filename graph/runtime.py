@@ -241,7 +241,7 @@ class GraphRuntime:
             for session in list(self.sessions.values()):
                 if now - session.started_at > self.limits.max_session_s:
                     await session.close("max_duration_reached")
-                elif now - session.last_input_at > self.limits.idle_timeout_s and session.open_replies == 0:
+                elif now - session.last_input_at > self.limits.idle_timeout_s and not session.replies:
                     await session.close("idle_timeout")
             session = None  # an ended session must not stay reachable from the sleeping reaper
 

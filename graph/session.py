@@ -34,7 +34,8 @@ from graph.spec import GraphSpec, Port
 log = logging.getLogger("graph.session")
 
 # Messages that report on a turn are never purged by an interrupt: the client must still learn
-# how the turn ended. Nor are the transport's commands (a `ReplyDone` names the reply it ends).
+# how the turn ended. Nor are the transport's commands (a `CreateResponse` the interrupt
+# overtook is refused by the dialog, which learns of the cancel from `Replies`).
 _NEVER_PURGED = (TurnDone, NodeEvent, Command)
 
 
@@ -178,12 +179,9 @@ class GraphSession:
         self.error: tuple[str, str] | None = None
         self.started_at = time.monotonic()
         self.last_input_at = self.started_at
-        # Replies asked for and not yet finished (a Turn carrying `reply` entered the graph and
-        # its TurnDone has not been emitted yet). Shutdown waits for this to reach zero.
-        self.open_replies = 0
+        # The replies asked for and not yet finished (graph/replies.py). Shutdown waits for them.
+        self.replies = info.replies
         self.turns = 0
-        self._replies_done = asyncio.Event()
-        self._replies_done.set()
         self.playback = PlaybackClock(lookahead_s=lookahead_s)
 
     @property
@@ -243,12 +241,13 @@ class GraphSession:
             return
         control.session_id = self.id
         if isinstance(control, Interrupt):
+            self.replies.interrupted(control)
             dropped = [m for inbox in self._inboxes.values() for _, m in inbox.purge(lambda item: belongs_to(item[1], control))]
             dropped += self._output.purge(lambda message: belongs_to(message, control))
             for message in dropped:
                 # A reply request dropped before any node saw it will never produce a TurnDone.
                 if _requests_reply(message):
-                    self._count_reply_done()
+                    self.replies.ended(message.turn_id, message.reply.response_id)
             if dropped:
                 log.debug("session %s: interrupt dropped %d queued messages", self.id, len(dropped))
             self.playback.reply_ended()  # the listener drops what it had buffered
@@ -277,7 +276,7 @@ class GraphSession:
         return {name: len(inbox) for name, inbox in self._inboxes.items()}
 
     async def wait_replies_done(self) -> None:
-        await self._replies_done.wait()
+        await self.replies.wait_all_ended()
 
     def warms_ahead(self) -> bool:
         """Whether a node of this session starts its turns' first stages before they end (see
@@ -300,7 +299,7 @@ class GraphSession:
         for inbox in self._inboxes.values():
             inbox.close()
         self._output.close()
-        self._replies_done.set()
+        self.replies.close()
         self.ended.set()
         self._on_closed(self)
 
@@ -346,7 +345,7 @@ class GraphSession:
                 if isinstance(message, AudioOut):
                     self.playback.audio_sent(len(message.samples) / message.sample_rate)
                 elif isinstance(message, TurnDone):
-                    self._count_reply_done()
+                    self.replies.ended(message.turn_id, message.response_id)
                     self.playback.reply_ended()
                 await self._output.put(message)
 
@@ -358,14 +357,8 @@ class GraphSession:
         if message.awaited or message.reply is not None:
             self.playback.reply_requested()
         if message.reply is not None:
-            self.open_replies += 1
+            self.replies.asked(message.turn_id, message.reply.response_id)
             self.turns += 1
-            self._replies_done.clear()
-
-    def _count_reply_done(self) -> None:
-        self.open_replies = max(0, self.open_replies - 1)
-        if self.open_replies == 0:
-            self._replies_done.set()
 
     def _fail(self, node: str, exc: Exception) -> None:
         if self._closing:

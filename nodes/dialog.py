@@ -2,7 +2,7 @@
 
 Input (from the VAD, in order): 16 kHz `AudioChunk`s, `SpeechStarted`/`SpeechPaused`/`SpeechStopped`,
 `ImageFrame`s and the transport's commands (graph/messages.py: `Configure`, `Commit`, `Clear`,
-`AddItem`, `DeleteItem`, `CreateResponse`, `ReplyDone`, `InputEnd`), dispatched by type. Output:
+`AddItem`, `DeleteItem`, `CreateResponse`, `InputEnd`), dispatched by type. Output:
 - `turns`: `Turn`s for the model, each with a turn id this node allocates (the one counter of the
   session, so controls can name a turn): user utterances (16 kHz float32 audio plus the newest
   `max_utterance_frames` images that fell in it), client-created items (`AddItem`, with
@@ -30,13 +30,13 @@ thinker then transcribes it.
 Early prefill (server VAD with `create_response` and an `auto_reply`): on the VAD's
 `SpeechPaused`, an utterance of at least 100 ms with no reply open is sent ahead as a
 *speculative* `Turn` (its audio and images so far, under a private `spec_` item key that never
-leaves the engine, and the automatic reply under a provisional `spec_resp_` response id, not in
-`open_replies`; no event). At the `SpeechStopped` the commit goes out as usual, events and all,
+leaves the engine, and the automatic reply under a provisional `spec_resp_` response id, not
+asked for yet; no event). At the `SpeechStopped` the commit goes out as usual, events and all,
 but its `Turn` carries no audio or images, only `confirms` = that key and the reply (the same
 params, the real response id): the model already heard the utterance up to the pause and its
 reply's header. Anything else first retracts the speculation (a `Turn` with `retracts`, no
 event): speech resuming (`SpeechPaused(resumed=True)`), a new `SpeechStarted`, a command for the
-dialog other than `ReplyDone` (before the command acts), an image, the utterance overflowing, a
+dialog (before the command acts), an image, the utterance overflowing, a
 commit without that same reply (the queue of replies full); that utterance is then committed the
 old way, with its full audio.
 
@@ -67,7 +67,6 @@ from graph.messages import (
     Command,
     Commit,
     Configure,
-    Control,
     CreateResponse,
     DeleteItem,
     ImageFrame,
@@ -80,11 +79,9 @@ from graph.messages import (
     InputSpeechStarted,
     InputSpeechStopped,
     InputTimeout,
-    Interrupt,
     Message,
     NodeError,
     NodeEvent,
-    ReplyDone,
     ReplyParams,
     SpeechDismissed,
     SpeechPaused,
@@ -155,8 +152,9 @@ class DialogSession(NodeSession):
         self.images: deque[ImageFrame] = deque(maxlen=max(node.max_utterance_frames, 1) * 4)
         self.now_ms = 0.0  # end of the latest audio seen
         self.idle_since_ms = 0.0
-        self.open_replies: set[str] = set()
-        self.cancelled: set[str] = set()
+        # The replies the graph is working on (graph/replies.py): what bounds queued replies
+        # and decides whether a sound during a reply is a turn yet.
+        self.replies = session.replies
         self.speculation: Speculation | None = None  # the utterance sent ahead at a pause
 
     def _configure(self, config: dict[str, Any]) -> None:
@@ -202,8 +200,7 @@ class DialogSession(NodeSession):
             await self._retract(emit)  # the speculation lacks it; the commit will have it
             self.images.append(message)
         elif isinstance(message, Command) and message.target == "dialog":
-            if not isinstance(message, ReplyDone):
-                await self._retract(emit)
+            await self._retract(emit)
             await self._command(message, emit)
 
     async def _audio(self, chunk: AudioChunk, emit) -> None:
@@ -229,7 +226,7 @@ class DialogSession(NodeSession):
     async def _speech_started(self, event: SpeechStarted, emit) -> None:
         if self.vad is None or self.speaking:
             return
-        if not event.confirmed and self.open_replies:
+        if not event.confirmed and self.replies:
             if self.sound_start_ms is None:
                 self.sound_start_ms = event.audio_start_ms
                 self.sound_held = True
@@ -263,8 +260,11 @@ class DialogSession(NodeSession):
         self.overflowed = True
 
     async def _idle_check(self, emit) -> None:
+        if self.replies:
+            self.idle_since_ms = self.now_ms  # the idle time starts when the last reply ends
+            return
         timeout = (self.vad or {}).get("idle_timeout_ms")
-        if not timeout or self.speaking or self.open_replies or self.now_ms - self.idle_since_ms < timeout:
+        if not timeout or self.speaking or self.now_ms - self.idle_since_ms < timeout:
             return
         item_id = _item_id()
         await emit(
@@ -326,10 +326,6 @@ class DialogSession(NodeSession):
             )
         elif isinstance(command, CreateResponse):
             await self._create_response(command.reply, emit)
-        elif isinstance(command, ReplyDone):
-            self.open_replies.discard(command.response_id)
-            self.cancelled.discard(command.response_id)
-            self.idle_since_ms = self.now_ms
         elif isinstance(command, InputEnd):
             # What is left of the input becomes a last turn (less than 100 ms is dropped quietly).
             if self.utterance_ms >= MIN_COMMIT_MS and (self.speaking or self.vad is None):
@@ -340,9 +336,9 @@ class DialogSession(NodeSession):
             await emit("events", InputEnded(audio_end_ms=self.now_ms))
 
     async def _create_response(self, reply: ReplyParams, emit) -> None:
-        if reply.response_id in self.cancelled:
+        if self.replies.cancelled_ahead(reply.response_id):
             return
-        if len(self.open_replies) > self.node.max_queued_turns:
+        if len(self.replies) > self.node.max_queued_turns:
             await self._error(
                 emit,
                 "max_queued_turns_exceeded",
@@ -350,7 +346,6 @@ class DialogSession(NodeSession):
                 response_id=reply.response_id,
             )
             return
-        self.open_replies.add(reply.response_id)
         turn_id = self._next_turn()
         await emit("turns", Turn(turn_id=turn_id, reply=reply, instructions=self.instructions,
                     tools=self.tools, media_ms=self.now_ms))
@@ -372,11 +367,9 @@ class DialogSession(NodeSession):
         # The automatic reply goes with its utterance, as one turn (one prefill); when the queue
         # of replies is full, the transport's `CreateResponse` meets the refusal instead.
         reply = None
-        if awaited and self.auto_reply is not None and len(self.open_replies) <= self.node.max_queued_turns:
+        if awaited and self.auto_reply is not None and len(self.replies) <= self.node.max_queued_turns:
             reply = msgspec.structs.replace(self.auto_reply, response_id=_response_id())
         confirms = await self._confirmable(frames, reply, emit)
-        if reply is not None:
-            self.open_replies.add(reply.response_id)
         # A confirmed speculation's audio, images and reply header are in the model already.
         audio = self._utterance_audio() if confirms is None else None
         item_id = self.item_id or _item_id()
@@ -420,7 +413,7 @@ class DialogSession(NodeSession):
         vad = self.vad
         if vad is None or not vad.get("create_response", True) or self.auto_reply is None:
             return
-        if not self.speaking or self.overflowed or self.open_replies or self.speculation is not None:
+        if not self.speaking or self.overflowed or self.replies or self.speculation is not None:
             return
         if self.utterance_ms < MIN_COMMIT_MS or self.utterance_start_ms is None:
             return
@@ -480,12 +473,6 @@ class DialogSession(NodeSession):
     def _next_turn(self) -> int:
         self.turn_ids += 1
         return self.turn_ids
-
-    def on_control(self, control: Control) -> None:
-        if isinstance(control, Interrupt) and control.response_id:
-            # A reply cancelled before its `CreateResponse` got here is never asked for.
-            if control.response_id not in self.open_replies:
-                self.cancelled.add(control.response_id)
 
     async def close(self) -> None:
         self.node.open_sessions -= 1

@@ -83,7 +83,6 @@ from graph.messages import (
     Message,
     NodeError,
     NodeEvent,
-    ReplyDone,
     ReplyParams,
     TextDelta,
     TranscriptCompleted,
@@ -849,7 +848,6 @@ class RealtimeProtocol:
         if state is ResponseState.DONE:
             self.responses.pop(response.id, None)
             self._done.append(response.id)
-            self._to_graph(ReplyDone(response_id=response.id))
 
     def _start(self, response: Response) -> None:
         self._advance(response, ResponseState.IN_PROGRESS)

@@ -1,6 +1,6 @@
 """The one rule by which every node (thinker, talker, code2wav) matches a control to a reply."""
 
-from graph.messages import DeleteItem, Interrupt, ReplyDone, TextDelta, Truncate
+from graph.messages import CreateResponse, DeleteItem, Interrupt, ReplyParams, TextDelta, Truncate
 from graph.session import belongs_to
 
 
@@ -23,7 +23,8 @@ def test_a_control_naming_neither_matches_every_reply():
 
 def test_an_interrupt_never_drops_a_queued_command_even_one_naming_its_reply():
     cancel = Interrupt(turn_id=5, response_id="resp_a")
-    # The dialog must still learn the reply is over, and a deletion must still reach the model.
-    assert not belongs_to(ReplyDone(response_id="resp_a", turn_id=5), cancel)
+    # The dialog must still see the request (to refuse it: graph/replies.py), and a deletion
+    # must still reach the model.
+    assert not belongs_to(CreateResponse(reply=ReplyParams(response_id="resp_a"), turn_id=5), cancel)
     assert not belongs_to(DeleteItem(item_id="item_a", response_id="resp_a"), cancel)
     assert belongs_to(TextDelta(response_id="resp_a", text="hi"), cancel)

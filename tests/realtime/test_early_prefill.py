@@ -198,7 +198,7 @@ async def test_a_pause_sends_the_utterance_ahead_and_the_stop_confirms_it_with_t
     provisional = speculative.reply
     assert provisional is not None and provisional.response_id.startswith("spec_resp_")
     assert provisional.response_id not in {f.get("response_id") for _, f in client_view(out)}
-    assert not dialog_runtime.sessions[early.id]._node_sessions["dialog"].open_replies - {confirming.reply.response_id}
+    assert provisional.response_id not in dialog_runtime.sessions[early.id].replies
     assert speculative.media_ms == normal.media_ms == 0
     committed = out[-1]
     assert confirming.confirms == speculative.item_id and not confirming.speculative
@@ -257,7 +257,8 @@ async def test_a_commit_without_its_reply_retracts_the_speculation_and_commits_t
     (speculative,) = turns_of(await drain(session, "Turn"))
     # The queue of replies is full by the stop (the state the commit reads): the reply is refused.
     dialog = dialog_runtime.sessions[session.id]._node_sessions["dialog"]
-    dialog.open_replies.update(f"resp_{n}" for n in range(dialog.node.max_queued_turns + 1))
+    for n in range(dialog.node.max_queued_turns + 1):
+        session.replies.asked(100 + n, f"resp_{n}")
     for ms in range(800, 1100, 100):
         await session.send("in", chunk16(ms, value=0.0))
     await session.send("in", SpeechStopped(audio_end_ms=1100))

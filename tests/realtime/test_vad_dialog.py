@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from graph.messages import AudioChunk, Clear, Commit, CreateResponse, ImageFrame, NodeEvent, ReplyDone, ReplyParams, SpeechStarted, SpeechStopped, Turn
+from graph.messages import AudioChunk, Clear, Commit, CreateResponse, ImageFrame, Interrupt, NodeEvent, ReplyParams, SpeechStarted, SpeechStopped, Turn
 from graph.runtime import GraphRuntime
 from nodes.vad import CONTEXT, WINDOW, SileroModel
 from tests.realtime.speech import silence, speech
@@ -216,12 +216,28 @@ async def test_replies_past_max_queued_turns_are_refused(dialog_runtime):
     for n in range(4):  # one being answered + 2 queued is the bound
         await session.send("in", CreateResponse(reply=ReplyParams(response_id=f"r{n}")))
     out = await drain(session, "error")
-    queued = [m.response_id for m in out if isinstance(m, NodeEvent) and m.kind == "turn_queued"]
-    assert queued == ["r0", "r1", "r2"]
+    queued = [m for m in out if isinstance(m, NodeEvent) and m.kind == "turn_queued"]
+    assert [m.response_id for m in queued] == ["r0", "r1", "r2"]
     assert (out[-1].kind, out[-1].code, out[-1].response_id) == ("error", "max_queued_turns_exceeded", "r3")
-    await session.send("in", ReplyDone(response_id="r0"))
+    # r0's TurnDone leaves the graph (this graph has no model: the ledger hears it as the session would).
+    session.replies.ended(queued[0].turn_id, "r0")
     await session.send("in", CreateResponse(reply=ReplyParams(response_id="r4")))
     assert (await drain(session, "turn_queued"))[-1].response_id == "r4"
+
+
+async def test_a_reply_cancelled_before_its_request_reaches_the_dialog_is_never_asked_for(dialog_runtime):
+    session = await dialog_runtime.open_session("cancel_ahead", config={"turn_detection": TD})
+    # The cancel is a control: it overtakes the request still on its way (here: not sent yet).
+    session.control(Interrupt(response_id="r0"))
+    await session.send("in", CreateResponse(reply=ReplyParams(response_id="r0")))
+    await session.send("in", CreateResponse(reply=ReplyParams(response_id="r1")))
+    out = await drain(session, "turn_queued")
+    assert [m.reply.response_id for m in out if isinstance(m, Turn)] == ["r1"]
+    assert [m.response_id for m in out if isinstance(m, NodeEvent)] == ["r1"]
+    assert "r0" not in session.replies and "r1" in session.replies
+    # The cancel answered once: the same id asked for again is a new reply.
+    await session.send("in", CreateResponse(reply=ReplyParams(response_id="r0")))
+    assert (await drain(session, "turn_queued"))[-1].response_id == "r0"
 
 
 async def test_server_vad_idle_timeout_commits_an_empty_turn_that_asks_for_a_reply(dialog_runtime):

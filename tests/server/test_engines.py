@@ -27,7 +27,6 @@ from graph.messages import (
     Embeddings,
     Features,
     InputEnd,
-    ReplyDone,
     ReplyParams,
     TurnMeta,
 )
@@ -61,7 +60,6 @@ async def test_every_command_crosses_the_engine_link_as_the_same_typed_message()
         AddItem(item_id="item_b", role="assistant", call={"name": "f", "arguments": "{}"}),
         DeleteItem(item_id="item_a", response_id="resp_a"),
         CreateResponse(reply=ReplyParams(response_id="resp_b", tools=({"type": "function", "name": "f"},))),
-        ReplyDone(response_id="resp_b"),
     ]
     try:
         for command in sent:
