@@ -208,12 +208,32 @@ class FunctionCall(Message, kw_only=True):
     arguments: str
 
 
+class TalkerPrompt(Message, kw_only=True):
+    """What went through the thinker, for the talker's own history (after every thinker prefill,
+    or the thinker's whole rebuilt history). Model-side values (hidden states, grids) are the
+    model's tensors, opaque to the graph."""
+
+    token_ids: tuple[int, ...] = ()  # every token that went through the thinker (history: the context from its last `<|im_start|>`)
+    # The user messages among them, cut per message (`TalkerUserPart`: token_ids, multimodal_hidden);
+    # None: the talker finds them itself from `mm_hidden`.
+    user_parts: list[Any] | None = None
+    mm_hidden: Any = None  # [n_mm, H] hidden states at the audio/image positions
+    image_grid_thw: Any = None
+    video_grid_thw: Any = None
+    audio_feature_lengths: Any = None
+    history: bool = False  # the thinker rebuilt its history: start over from all of it
+    out_of_band: bool = False  # a reply that leaves no trace follows (undone at its TurnDone)
+    reply_follows: bool = False  # a reply to this very prefill follows at once
+
+
 class HiddenChunk(Message, kw_only=True):
-    """Thinker output the talker needs for one or more reply tokens."""
+    """One or more reply tokens of the thinker, for the talker."""
 
     response_id: str = ""
     token_ids: tuple[int, ...] = ()
-    tensors: dict[str, Any] = {}
+    reply: ReplyParams | None = None  # on a reply's first chunk
+    voice: str | None = None  # on a reply's first chunk: the voice asked for (else the session's)
+    finish_reason: str | None = None  # on the last chunk: the thinker's (`stop` = EOS, spoken whole)
     final: bool = False
 
 
@@ -499,6 +519,7 @@ DATA_TYPES: dict[str, type[Message]] = {
         TextDelta,
         FunctionCall,
         HiddenChunk,
+        TalkerPrompt,
         CodecFrames,
         AudioOut,
         TurnDone,

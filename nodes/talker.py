@@ -6,25 +6,24 @@
                                                keep_user_kv: true}}
 
 Input `hidden` (from the thinker), in order:
-  * a prompt chunk for every thinker prefill, `HiddenChunk(token_ids=<the prefilled ids>,
-    tensors={"prompt": True, ...})`, with either
-      - "user_parts": the prefill's `TalkerUserPart`s (`ThinkerSession.prefill(...).user_parts`:
+  * a `TalkerPrompt(token_ids=<the prefilled ids>)` for every thinker prefill, with either
+      - `user_parts`: the prefill's `TalkerUserPart`s (`ThinkerSession.prefill(...).user_parts`:
         token_ids, multimodal_hidden), or
-      - "mm_hidden": [n_mm, H] layer-`accept_hidden_layer` hidden states at the prefill's
+      - `mm_hidden`: [n_mm, H] layer-`accept_hidden_layer` hidden states at the prefill's
         audio/image positions (the talker then finds the user messages itself),
-    plus "image_grid_thw" / "video_grid_thw" / "audio_feature_lengths" when the turn had them.
+    plus `image_grid_thw` / `video_grid_thw` / `audio_feature_lengths` when the turn had them.
     The talker keeps the user turns' talker-space embeddings (`TalkerHistory`): every later
     reply's prefill starts with them. The new user turns go through the talker at once, before
     the reply asks for them, in slices of `USER_PREFILL_SLICE` positions, each its own compute
-    call: a long turn never holds the compute worker for more than one slice. With `tensors["history"]` the chunk is the thinker's whole
+    call: a long turn never holds the compute worker for more than one slice. With `history` the prompt is the thinker's whole
     rebuilt history instead (its user parts and grids; `token_ids` = the context from its last
     `<|im_start|>`): the talker starts over from it (`TalkerHistory.restart`).
   * reply chunks `HiddenChunk(response_id=R, token_ids=(t, ...), final=...)`: the reply's tokens
-    as the thinker samples them. The first may carry `tensors["reply"]` (`ReplyParams`: voice;
+    as the thinker samples them. The first may carry `reply` (`ReplyParams`: voice;
     `sampling` keys seed, talker_temperature / top_k / top_p / repetition_penalty /
-    max_new_tokens; for speech requests `max_output_tokens` = frames) or `tensors["voice"]`; else
+    max_new_tokens; for speech requests `max_output_tokens` = frames) or `voice`; else
     the session config's `voice` is used. The final
-    chunk's `tensors["finish_reason"] == "stop"` says the reply ended on EOS (spoken whole);
+    chunk's `finish_reason == "stop"` says the reply ended on EOS (spoken whole);
     otherwise its last token is not spoken, as in `generate()` (it reads tts_eos there).
   * the reply's `TurnDone` (it also ends the reply's text if no final chunk came).
 Output `codes`: one `CodecFrames` per frame as soon as it is computed, an empty
@@ -52,7 +51,7 @@ import numpy as np
 import torch
 
 from graph.executor import continuation_due
-from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TurnDone
+from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TalkerPrompt, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import TalkerParams
@@ -76,7 +75,7 @@ USER_PREFILL_SLICE = 256
 @register_node("qwen3_omni.talker")
 class TalkerNode(Node):
     params_schema = TalkerParams
-    inputs = {"hidden": (HiddenChunk, TurnDone)}
+    inputs = {"hidden": (TalkerPrompt, HiddenChunk, TurnDone)}
     outputs = {"codes": (CodecFrames, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline
 
@@ -153,11 +152,10 @@ class TalkerSession(NodeSession):
 
     async def on_message(self, stream: str, message: Message, emit: Emit) -> None:
         self._raise_if_failed()
-        if isinstance(message, HiddenChunk):
-            if message.tensors.get("prompt"):
-                await self._add_prompt(message)
-            else:
-                self._add_reply_tokens(message, emit)
+        if isinstance(message, TalkerPrompt):
+            await self._add_prompt(message)
+        elif isinstance(message, HiddenChunk):
+            self._add_reply_tokens(message, emit)
         elif isinstance(message, TurnDone):
             await self._finish_reply(message, emit)
 
@@ -179,8 +177,8 @@ class TalkerSession(NodeSession):
             self._speaking.cancel()
             await asyncio.gather(self._speaking, return_exceptions=True)
 
-    async def _add_prompt(self, chunk: HiddenChunk) -> None:
-        if chunk.tensors.get("out_of_band") and self._rollback is None:
+    async def _add_prompt(self, chunk: TalkerPrompt) -> None:
+        if chunk.out_of_band and self._rollback is None:
             self._rollback = self.history.snapshot()  # undone at that reply's TurnDone
         compute = self.node.context.compute
         await compute.run(self._add_prompt_now, chunk)
@@ -188,7 +186,7 @@ class TalkerSession(NodeSession):
         # takes the new user turn in with its assistant block, one forward (as the direct path
         # does), unless the turn is long enough to need slices.
         history = self.history
-        if chunk.tensors.get("reply_follows") and history.user_length - history.kv_length <= USER_PREFILL_SLICE:
+        if chunk.reply_follows and history.user_length - history.kv_length <= USER_PREFILL_SLICE:
             return
         # Otherwise, while the thinker works on its first token, the talker takes the new user
         # turns in, so the reply's own talker prefill is just its 9-position assistant block.
@@ -198,21 +196,20 @@ class TalkerSession(NodeSession):
         while await compute.run(prefill_user_turns, self.history, USER_PREFILL_SLICE, due=due) >= USER_PREFILL_SLICE:
             due = continuation_due()  # the next slice goes after work waiting since before it
 
-    def _add_prompt_now(self, chunk: HiddenChunk) -> None:
-        tensors = chunk.tensors
+    def _add_prompt_now(self, chunk: TalkerPrompt) -> None:
         history = self.history
-        grids = (tensors.get("image_grid_thw"), tensors.get("video_grid_thw"), tensors.get("audio_feature_lengths"))
-        if tensors.get("history"):  # the thinker rebuilt its history: start over from all of it
-            parts = [(_field(p, "token_ids"), _field(p, "multimodal_hidden")) for p in tensors["user_parts"]]
+        grids = (chunk.image_grid_thw, chunk.video_grid_thw, chunk.audio_feature_lengths)
+        if chunk.history:  # the thinker rebuilt its history: start over from all of it
+            parts = [(_field(p, "token_ids"), _field(p, "multimodal_hidden")) for p in chunk.user_parts or ()]
             history.restart(parts, list(chunk.token_ids), *grids)
-        elif "user_parts" in tensors:  # the thinker picked the user messages out already
-            for part in tensors["user_parts"]:
+        elif chunk.user_parts is not None:  # the thinker picked the user messages out already
+            for part in chunk.user_parts:
                 history.add_user_part(_field(part, "token_ids"), _field(part, "multimodal_hidden"))
             history.track(list(chunk.token_ids))
             history.add_grids(*grids)
         else:
             ids = torch.as_tensor(chunk.token_ids, dtype=torch.long)
-            history.add_prompt(ids, tensors.get("mm_hidden"), *grids)
+            history.add_prompt(ids, chunk.mm_hidden, *grids)
 
     def _add_reply_tokens(self, chunk: HiddenChunk, emit: Emit) -> None:
         key = (chunk.turn_id, chunk.response_id)
@@ -226,7 +223,7 @@ class TalkerSession(NodeSession):
         self.history.add_reply(list(chunk.token_ids))
         assert self._reply is not None
         if not self._reply.text_final:
-            reason = chunk.tensors.get("finish_reason")
+            reason = chunk.finish_reason
             if chunk.final and reason is not None:
                 self._reply.add_text(chunk.token_ids, final=True, eos=reason == "stop")
             else:  # a final chunk without a reason: the TurnDone right behind it says how the text ended
@@ -236,10 +233,10 @@ class TalkerSession(NodeSession):
     def _start_reply(self, chunk: HiddenChunk, key: tuple[int, str], emit: Emit) -> None:
         node = self.node
         assert node.model is not None
-        params = chunk.tensors.get("reply")
-        voice = chunk.tensors.get("voice")
+        params = chunk.reply
+        voice = chunk.voice
         sampling, limits = node.sampling, node.limits
-        if isinstance(params, ReplyParams):
+        if params is not None:
             voice = voice or params.voice
             sampling, limits = self._reply_settings(params)
         voice = voice or self.session.config.get("voice")

@@ -15,16 +15,16 @@ Input `embeddings` (`Embeddings` from the encoders, one per turn). Outputs:
   call's tokens are neither text nor speech, and a reply that is a call from its first token —
   `tool_choice` `required` or a named function — sends the talker nothing);
 - `hidden`, to the talker, in order:
-  * after every prefill, `HiddenChunk(tensors={"prompt": True, "mm_hidden", "user_parts",
-    "image_grid_thw", "audio_feature_lengths", "out_of_band"}, token_ids=<every token that went
-    through the thinker>)` — `mm_hidden` is the layer-`accept_hidden_layer` hidden state at each
-    audio/image position, `user_parts` the same cut per user message (`TalkerUserPart`);
-  * after a history rebuild (below), `HiddenChunk(tensors={"prompt": True, "history": True,
-    "user_parts", "image_grid_thw", "audio_feature_lengths"}, token_ids=<the context from its last
-    `<|im_start|>`>)`: the whole rebuilt history, which the talker starts over from;
+  * after every prefill, a `TalkerPrompt` (graph/messages.py: token_ids = every token that went
+    through the thinker, `mm_hidden` = the layer-`accept_hidden_layer` hidden state at each
+    audio/image position, `user_parts` the same cut per user message (`TalkerUserPart`), the
+    grids, `out_of_band`, `reply_follows`);
+  * after a history rebuild (below), a `TalkerPrompt(history=True)` (user_parts, grids,
+    token_ids = the context from its last `<|im_start|>`): the whole rebuilt history, which the
+    talker starts over from;
   * per reply token `HiddenChunk(response_id, token_ids=(t,), final=<last>)`, the first one with
-    `tensors["voice"]` and `["reply"]`, the final one with `["finish_reason"]` (the engine's:
-    `stop` = EOS, the whole text is spoken) — only when the reply wants audio;
+    `voice` and `reply`, the final one with `finish_reason` (the engine's: `stop` = EOS, the
+    whole text is spoken) — only when the reply wants audio;
   * exactly one `TurnDone` per reply (status completed | incomplete | cancelled | failed, the
     transcript and token usage; `cached_tokens` = the context as it stood when the previous
     reply ended, all of it reused from the KV cache — this turn's input counts as input even
@@ -95,6 +95,7 @@ from graph.messages import (
     Embeddings,
     FunctionCall,
     HiddenChunk,
+    TalkerPrompt,
     Interrupt,
     Message,
     NodeError,
@@ -125,7 +126,7 @@ _STATUS = {
 class Thinker(Node):
     params_schema = ThinkerParams
     inputs = {"embeddings": (Embeddings,)}
-    outputs = {"text": (TextDelta, FunctionCall, NodeEvent), "hidden": (HiddenChunk, TurnDone)}
+    outputs = {"text": (TextDelta, FunctionCall, NodeEvent), "hidden": (TalkerPrompt, HiddenChunk, TurnDone)}
     follows_playback = True  # reply side: scheduled by the session's playback deadline
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
@@ -185,7 +186,7 @@ class _Speculation:
     key: str  # its private history key
     utterance: Embeddings  # with the provisional reply (`reply.response_id` its reply's history key)
     checkpoint: Checkpoint | None = None  # the session before it, for a retract
-    chunk: HiddenChunk | None = None  # its talker prompt chunk, held back
+    chunk: TalkerPrompt | None = None  # its talker prompt, held back
     calls: ToolCallDecoder | None = None  # its reply's, as `_on_turn` makes it
 
 
@@ -426,40 +427,32 @@ class ThinkerNodeSession(NodeSession):
         view = self.engine.talker_view()
         await emit(
             "hidden",
-            HiddenChunk(
+            TalkerPrompt(
                 session_id=message.session_id,
                 turn_id=message.turn_id,
                 media_ms=message.media_ms,
                 token_ids=tuple(view.tail_ids),
-                tensors={
-                    "prompt": True,
-                    "history": True,
-                    "user_parts": view.user_parts,
-                    "image_grid_thw": view.image_grid_thw,
-                    "audio_feature_lengths": view.audio_feature_lengths,
-                    "out_of_band": False,
-                },
+                history=True,
+                user_parts=view.user_parts,
+                image_grid_thw=view.image_grid_thw,
+                audio_feature_lengths=view.audio_feature_lengths,
             ),
         )
 
     @staticmethod
-    def _prompt_chunk(message: Embeddings, prefill) -> HiddenChunk:
+    def _prompt_chunk(message: Embeddings, prefill) -> TalkerPrompt:
         reply = message.reply
-        return HiddenChunk(
+        return TalkerPrompt(
             session_id=message.session_id,
             turn_id=message.turn_id,
             media_ms=message.media_ms,
             token_ids=tuple(prefill.token_ids),
-            tensors={
-                "prompt": True,
-                "mm_hidden": prefill.multimodal_hidden,
-                "user_parts": prefill.user_parts,
-                "image_grid_thw": message.tensors.get("image_grid_thw"),
-                "audio_feature_lengths": message.tensors.get("audio_feature_lengths"),
-                "out_of_band": bool(reply and reply.out_of_band),
-                # A reply to this very prefill follows at once (its tokens come next).
-                "reply_follows": reply is not None,
-            },
+            mm_hidden=prefill.multimodal_hidden,
+            user_parts=prefill.user_parts,
+            image_grid_thw=message.tensors.get("image_grid_thw"),
+            audio_feature_lengths=message.tensors.get("audio_feature_lengths"),
+            out_of_band=bool(reply and reply.out_of_band),
+            reply_follows=reply is not None,  # its tokens come next
         )
 
     async def _reply(self, message: Embeddings, reply: ReplyParams, emit: Emit, calls: ToolCallDecoder | None) -> None:
@@ -484,16 +477,12 @@ class ThinkerNodeSession(NodeSession):
                     await emit("text", TextDelta(**base, response_id=reply.response_id, text=step.text, token_ids=unsent))
                     unsent = ()
                 if wants_audio and (ids or step.finish_reason is not None):
-                    tensors: dict[str, Any] = {}
-                    if first:
-                        tensors = {"voice": reply.voice or self.session.config.get("voice"), "reply": reply}
-                        first = False
-                    if step.finish_reason is not None:
-                        tensors["finish_reason"] = step.finish_reason
+                    opening = {"reply": reply, "voice": reply.voice or self.session.config.get("voice")} if first else {}
+                    first = False
                     await emit(
                         "hidden",
-                        HiddenChunk(**base, response_id=reply.response_id, token_ids=ids, tensors=tensors,
-                                    final=step.finish_reason is not None),
+                        HiddenChunk(**base, response_id=reply.response_id, token_ids=ids, **opening,
+                                    finish_reason=step.finish_reason, final=step.finish_reason is not None),
                     )
                 if step.finish_reason is not None:
                     break
@@ -548,12 +537,12 @@ class ThinkerNodeSession(NodeSession):
         base = {"session_id": message.session_id, "turn_id": message.turn_id, "media_ms": message.media_ms}
         prompt_ids = tuple(int(i) for i in message.tensors["input_ids"].tolist())
         reply_ids = tuple(int(i) for i in message.tensors["reply_ids"].tolist())
-        await emit("hidden", HiddenChunk(**base, token_ids=prompt_ids, tensors={"prompt": True, "mm_hidden": None}))
+        await emit("hidden", TalkerPrompt(**base, token_ids=prompt_ids))
         voice = reply.voice or self.session.config.get("voice")
         await emit(
             "hidden",
             HiddenChunk(**base, response_id=reply.response_id, token_ids=reply_ids,
-                        tensors={"voice": voice, "reply": reply, "finish_reason": "stop"}, final=True),
+                        voice=voice, reply=reply, finish_reason="stop", final=True),
         )
         text_tokens = message.meta.text_tokens
         usage = Usage(input_tokens=text_tokens, input_text_tokens=text_tokens)

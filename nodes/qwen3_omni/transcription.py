@@ -36,9 +36,9 @@ from typing import Any
 from graph.executor import current_due, current_release
 from graph.messages import (
     Embeddings,
-    HiddenChunk,
     Message,
     NodeEvent,
+    TalkerPrompt,
     TranscriptCompleted,
     TranscriptDelta,
     TranscriptFailed,
@@ -123,7 +123,7 @@ class Transcriber:
             return emit
 
         async def without_prompt(stream: str, out: Message) -> None:
-            if not (stream == "hidden" and isinstance(out, HiddenChunk) and out.tensors.get("prompt")):
+            if not (stream == "hidden" and isinstance(out, TalkerPrompt)):
                 await emit(stream, out)
 
         return without_prompt

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TurnDone, Usage
+from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TalkerPrompt, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder
 from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, prefill_user_turns
@@ -50,7 +50,7 @@ def prompt_chunk(runtime, text="hello"):
     ids = omni.tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
     )["input_ids"][0]
-    return HiddenChunk(turn_id=1, token_ids=tuple(ids.tolist()), tensors={"prompt": True})
+    return TalkerPrompt(turn_id=1, token_ids=tuple(ids.tolist()))
 
 
 async def collect(session, until=TurnDone, count=None, timeout=20.0):
@@ -127,7 +127,7 @@ async def test_a_prompt_whose_reply_follows_is_prefilled_with_the_reply_in_one_f
         session = await runtime.open_session(session_id, config={"voice": "chelsie"})
         inputs, handle = record_talker_inputs(runtime)
         chunk = prompt_chunk(runtime)
-        chunk.tensors["reply_follows"] = reply_follows
+        chunk.reply_follows = reply_follows
         await session.send("hidden", chunk)
         for i, token in enumerate([104, 105, 33]):
             await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(token,), final=i == 2))
@@ -203,7 +203,7 @@ async def test_an_out_of_band_reply_leaves_no_user_turn_in_the_talker_history(ru
     await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
     await collect(session)
     out_of_band = prompt_chunk(runtime, "forgotten")
-    out_of_band.tensors["out_of_band"] = True
+    out_of_band.out_of_band = True
     out_of_band.turn_id = 2
     await session.send("hidden", out_of_band)
     await session.send("hidden", HiddenChunk(turn_id=2, response_id="r2", token_ids=(104,), final=True))
@@ -260,7 +260,7 @@ async def test_reply_params_override_the_talkers_sampling_and_frame_budget(runti
     reply = ReplyParams(response_id="r1", voice="aiden", sampling={"talker_max_new_tokens": 3, "seed": 5})
     await session.send("hidden", prompt_chunk(runtime))
     await session.send(
-        "hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104, 105, 106, 107), tensors={"reply": reply})
+        "hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(104, 105, 106, 107), reply=reply)
     )
     await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
 

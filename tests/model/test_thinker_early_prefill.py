@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from graph.messages import (
-    HiddenChunk,
     NodeEvent,
     ReplyParams,
+    TalkerPrompt,
     TextDelta,
     Truncate,
     Turn,
@@ -96,15 +96,15 @@ def reply_tokens(out) -> list[int]:
     return [t for m in out if isinstance(m, TextDelta) for t in m.token_ids]
 
 
-def prompts(out) -> list[HiddenChunk]:
-    return [m for m in out if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
+def prompts(out) -> list[TalkerPrompt]:
+    return [m for m in out if isinstance(m, TalkerPrompt)]
 
 
 def talker_prompt(out) -> tuple[list[int], list[tuple[list[int], torch.Tensor]]]:
     """What the talker's history gets from a turn: every prompt token, and the user parts."""
     chunks = prompts(out)
     ids = [t for chunk in chunks for t in chunk.token_ids]
-    parts = [(part.token_ids.tolist(), part.multimodal_hidden) for chunk in chunks for part in chunk.tensors["user_parts"]]
+    parts = [(part.token_ids.tolist(), part.multimodal_hidden) for chunk in chunks for part in chunk.user_parts]
     return ids, parts
 
 
@@ -141,7 +141,7 @@ async def test_a_confirmed_early_prefill_replies_as_the_committed_utterance_woul
     assert_same_talker_prompt(out, expected)
     # One prompt chunk, user parts and reply header, as the ordinary turn's: the talker takes the
     # user turn in with the reply.
-    assert len(prompts(out)) == len(prompts(expected)) == 1 and prompts(out)[0].tensors["reply_follows"]
+    assert len(prompts(out)) == len(prompts(expected)) == 1 and prompts(out)[0].reply_follows
     # Nothing went out before the confirm: all of it is the confirming turn's.
     assert {m.turn_id for m in out} == {3}
     assert runtime.nodes["thinker"].counters() == {"early_prefill": 1, "early_prefill_confirmed": 1}  # /metrics

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from graph.messages import AudioOut, HiddenChunk, Interrupt, NodeEvent, ReplyParams, TextDelta, Truncate, Turn, TurnDone
+from graph.messages import AudioOut, HiddenChunk, Interrupt, NodeEvent, ReplyParams, TalkerPrompt, TextDelta, Truncate, Turn, TurnDone
 from graph.runtime import GraphRuntime
 
 
@@ -84,16 +84,16 @@ async def test_a_spoken_turn_streams_text_then_a_second_turn_reuses_the_cache(st
     await spoken_turn(session, 1, response_id="r1")
     first = await until_done(session)
 
-    prompts = [m for m in first if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
+    prompts = [m for m in first if isinstance(m, TalkerPrompt)]
     assert len(prompts) == 2  # the utterance, then the reply request
-    assert prompts[0].tensors["mm_hidden"].shape[0] == 13  # one second of audio = 13 audio tokens
+    assert prompts[0].mm_hidden.shape[0] == 13  # one second of audio = 13 audio tokens
     deltas = [m for m in first if isinstance(m, TextDelta)]
     reply_chunks = [m for m in first if isinstance(m, HiddenChunk) and m.response_id == "r1"]
     done = first[-1]
     assert done.status == "incomplete" and done.reason == "max_output_tokens"  # the 11-token reply passes the bound
     assert done.transcript == "".join(d.text for d in deltas)
     assert [c.token_ids[0] for c in reply_chunks] == [t for d in deltas for t in d.token_ids]
-    assert reply_chunks[-1].final and reply_chunks[0].tensors["voice"] is None
+    assert reply_chunks[-1].final and reply_chunks[0].voice is None
     # Nothing came before this turn: the utterance (prefilled at commit) is all new input.
     assert done.usage.output_tokens == 6 and done.usage.cached_tokens == 0
     assert done.usage.input_tokens == len(prompts[0].token_ids) + len(prompts[1].token_ids)
@@ -105,7 +105,7 @@ async def test_a_spoken_turn_streams_text_then_a_second_turn_reuses_the_cache(st
     # The whole first turn (input + reply) is reused from the KV cache; only the first reply's
     # closing and the new turn go through the model.
     assert second[-1].usage.cached_tokens == first_context + 6
-    (prompt,) = [m for m in second if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
+    (prompt,) = [m for m in second if isinstance(m, TalkerPrompt)]
     assert prompt.token_ids[:2] == (omni_tokens(runtime).im_end, omni_tokens(runtime).newline)
     assert second[-1].usage.input_tokens == first_context + 6 + len(prompt.token_ids)
 

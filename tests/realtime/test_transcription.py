@@ -21,6 +21,7 @@ from graph.messages import (
     InputCommitted,
     NodeEvent,
     ReplyParams,
+    TalkerPrompt,
     TranscriptCompleted,
     TranscriptDelta,
     TranscriptFailed,
@@ -400,7 +401,7 @@ async def test_a_pass_in_progress_gives_way_to_a_reply_and_starts_over_after_it(
     assert len(before) >= 2 and completed.transcript
     # The reply saw the conversation without the interrupted pass: its context is the utterance
     # (prefilled at commit) and the reply request.
-    prompts = [m for m in before + after if isinstance(m, HiddenChunk) and m.tensors.get("prompt")]
+    prompts = [m for m in before + after if isinstance(m, TalkerPrompt)]
     assert after[reply_done].usage.input_tokens == sum(len(p.token_ids) for p in prompts)
 
 
@@ -436,7 +437,7 @@ async def test_a_transcription_session_forgets_each_utterance_with_its_transcrip
         assert transcription_events(out, item_id)[-1].kind == "transcription_completed"
     engine = thinker_engine(runtime, session)
     assert engine.audio_tokens_in_context == 0  # neither utterance stayed in the model's context
-    assert not [m for m in out if isinstance(m, HiddenChunk)]  # nor reached the talker's history
+    assert not [m for m in out if isinstance(m, (TalkerPrompt, HiddenChunk))]  # nor reached the talker's history
 
 
 # --------------------------------------------------------------------------- end to end (tiny model)
