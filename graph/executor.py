@@ -61,7 +61,10 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from graph.unit_trace import UnitTrace
 
 PRIORITY_REALTIME = 0
 PRIORITY_SPEECH = 10
@@ -76,6 +79,10 @@ current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.Co
 # Before when compute submitted from the current task must not start; None: at once.
 current_release: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
     "graph_compute_release", default=None)
+# The phase of the reply compute submitted from the current task serves (graph/unit_trace.py);
+# read only while a unit trace records.
+current_phase: contextvars.ContextVar[Callable[[], str] | None] = contextvars.ContextVar(
+    "graph_compute_phase", default=None)
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -106,6 +113,7 @@ class ComputePool:
             raise ValueError("a compute pool needs zero (inline) or more threads")
         self._calls: list[_Entry] = []
         self.busy_s = 0.0  # seconds units have run, all workers together
+        self.trace: UnitTrace | None = None  # records every unit when set (graph/unit_trace.py)
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
@@ -193,6 +201,9 @@ class ComputePool:
             if self._closed:
                 raise RuntimeError(closed_message)
             pending.release = current_release.get()
+            if self.trace is not None:
+                phase = current_phase.get()
+                pending.phase = "other" if phase is None else phase()
             heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
         if self.inline:
@@ -238,14 +249,20 @@ class ComputePool:
 
     def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
         started = time.perf_counter()
+        cpu_started = time.thread_time() if self.trace is not None else 0.0
         if batcher is None:
+            name = getattr(batch[0].item[0], "__qualname__", "call")
             _call(batch[0])
         else:
+            name = batcher.name
             batcher._run(batch)
             with self._ready:
                 batcher._running = False
                 self._ready.notify_all()  # its queued items may be the most urgent now
-        self.busy_s += time.perf_counter() - started
+        ended = time.perf_counter()
+        self.busy_s += ended - started
+        if self.trace is not None:
+            self.trace.unit(started, ended, time.thread_time() - cpu_started, name, [p.phase for p in batch])
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
         # keep the batch, and through it the callers' arguments, alive.
         del batch
@@ -366,7 +383,7 @@ def _deliver(pending: _Pending, result: Any) -> None:
 
 
 class _Pending:
-    __slots__ = ("item", "future", "loop", "queued_at", "release")
+    __slots__ = ("item", "future", "loop", "queued_at", "release", "phase")
 
     def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
         self.item = item
@@ -374,6 +391,7 @@ class _Pending:
         self.loop = loop
         self.queued_at = time.monotonic()
         self.release: Callable[[], float] | None = None
+        self.phase = "other"
 
 
 class Batcher(Generic[Item, Result]):

@@ -28,6 +28,7 @@ from graph.metrics import GraphMetrics
 from graph.node import Node, NodeContext, SessionInfo
 from graph.session import GraphSession, Wiring
 from graph.spec import GraphSpec, parse_spec, validate_spec
+from graph.unit_trace import UnitTrace
 
 log = logging.getLogger("graph.runtime")
 
@@ -45,6 +46,8 @@ class GraphRuntime:
         # inline: compute runs on this event loop's thread (an engine process, whose loop only
         # serves the graph); else on `compute.threads` workers, off the loop.
         self.compute = ComputePool(0 if inline_compute else spec.compute_threads)
+        if spec.compute_unit_trace is not None:
+            self.compute.trace = UnitTrace(spec.compute_unit_trace)
         self.resources: dict[str, Any] = {}
         self.nodes: dict[str, Node] = {}
         self.sessions: dict[str, GraphSession] = {}
@@ -182,6 +185,7 @@ class GraphRuntime:
             on_closed=self._forget,
             # Live listeners play in real time; a speech request is a download: never held back.
             lookahead_s=self.spec.compute_lookahead_s if kind == "realtime" else None,
+            trace=self.compute.trace,
         )
         # Registered before any await so a concurrent open sees the slot as taken.
         self.sessions[session_id] = session
@@ -232,6 +236,8 @@ class GraphRuntime:
                 log.exception("stopping node %s failed", node.name)
         self.compute.shutdown()
         await asyncio.to_thread(self.compute.join, 30.0)
+        if self.compute.trace is not None:
+            log.info("unit trace written to %s", self.compute.trace.write())
         self.ready = False
 
     async def _reap_expired_sessions(self) -> None:

@@ -25,11 +25,24 @@ from dataclasses import dataclass, field
 from graph.background import spawn
 from graph.edges import Inbox, InboxClosed
 from graph.errors import NodeFailure
-from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_priority, current_release
-from graph.messages import AudioChunk, AudioOut, Close, Command, Control, Interrupt, Message, NodeEvent, Turn, TurnDone
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, current_due, current_phase, current_priority, current_release
+from graph.messages import (
+    AudioChunk,
+    AudioOut,
+    Close,
+    Command,
+    Control,
+    InputSpeechStopped,
+    Interrupt,
+    Message,
+    NodeEvent,
+    Turn,
+    TurnDone,
+)
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeSession, SessionInfo
 from graph.spec import GraphSpec, Port
+from graph.unit_trace import UnitTrace
 
 log = logging.getLogger("graph.session")
 
@@ -79,6 +92,12 @@ class PlaybackClock:
     def reply_ended(self) -> None:
         self._requested_at = self._started_at = None
         self._seconds = 0.0
+
+    def phase(self) -> str:
+        """Of the reply now: "first" (asked for, no audio yet), "playing", or "unasked"."""
+        if self._started_at is not None:
+            return "playing"
+        return "first" if self._requested_at is not None else "unasked"
 
     def due(self, stages_out: int = 0) -> float:
         """`stages_out`: of the stage asking (its distance from the listener, `Wiring.stages_out`).
@@ -161,6 +180,7 @@ class GraphSession:
         metrics: GraphMetrics,
         on_closed: Callable[[GraphSession], None] = lambda session: None,
         lookahead_s: float | None = None,
+        trace: UnitTrace | None = None,
     ):
         self.info = info
         self.id = info.session_id
@@ -183,6 +203,7 @@ class GraphSession:
         self.replies = info.replies
         self.turns = 0
         self.playback = PlaybackClock(lookahead_s=lookahead_s)
+        self._trace = trace
 
     @property
     def failed(self) -> bool:
@@ -312,6 +333,7 @@ class GraphSession:
         if self._nodes[name].follows_playback:
             current_due.set(functools.partial(self.playback.due, self._wiring.stages_out.get(name, 0)))
             current_release.set(self.playback.release)
+            current_phase.set(self.playback.phase)
         inbox = self._inboxes[name]
         node_session = self._node_sessions[name]
         emit = self._emitter(name)
@@ -342,6 +364,11 @@ class GraphSession:
             for target in routes.get((name, stream), ()):
                 await self._inboxes[target.node].put((target.stream, message))
             if (name, stream) in outputs:
+                if self._trace is not None:
+                    if isinstance(message, AudioOut):
+                        self._trace.audio(self.id)
+                    elif isinstance(message, InputSpeechStopped):
+                        self._trace.speech_stopped(self.id)
                 if isinstance(message, AudioOut):
                     self.playback.audio_sent(len(message.samples) / message.sample_rate)
                 elif isinstance(message, TurnDone):

@@ -15,7 +15,8 @@ Layout of a profile:
     limits: {max_sessions: 8}
     compute: {threads: 1, lookahead_ms: 500,         # compute pool workers; how far ahead of its listener a live reply is made
               engines: 1, devices: [cuda:0],         # engine processes (0: in the server's process); a device per engine
-              keep_warm_ms: 150}                     # idle compute keeps the first-audio path warm (null: off)
+              keep_warm_ms: 150,                     # idle compute keeps the first-audio path warm (null: off)
+              unit_trace: null}                      # a directory for each runtime's record of its compute units (graph/unit_trace.py)
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -111,6 +112,9 @@ class GraphSpec:
     # turns are not prefilled in their pause, a runtime runs its nodes' `keep_warm` units every N
     # ms (graph/runtime.py); null: never.
     compute_keep_warm_s: float | None = None
+    # `compute: {unit_trace: DIR}`: each runtime records its units of compute and its turns'
+    # stops and first audio, written to DIR at stop (graph/unit_trace.py); null: off.
+    compute_unit_trace: str | None = None
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -167,9 +171,9 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
         raise GraphConfigError("limits", str(exc)) from None
 
     compute = _mapping(profile.get("compute", {}), "compute")
-    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices", "keep_warm_ms"})
+    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices", "keep_warm_ms", "unit_trace"})
     if unknown:
-        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices, keep_warm_ms)")
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices, keep_warm_ms, unit_trace)")
     threads = compute.get("threads", DEFAULT_COMPUTE_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
@@ -179,6 +183,10 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     keep_warm_ms = compute.get("keep_warm_ms")
     if keep_warm_ms is not None and (not isinstance(keep_warm_ms, (int, float)) or isinstance(keep_warm_ms, bool) or keep_warm_ms <= 0):
         raise GraphConfigError("compute.keep_warm_ms", "must be a number of milliseconds > 0, or null")
+
+    unit_trace = compute.get("unit_trace")
+    if unit_trace is not None and (not isinstance(unit_trace, str) or not unit_trace):
+        raise GraphConfigError("compute.unit_trace", "must be a directory path, or null")
 
     engines = compute.get("engines", DEFAULT_ENGINES)
     if not isinstance(engines, int) or isinstance(engines, bool) or engines < 0:
@@ -192,7 +200,7 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
     return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads,
                      None if lookahead_ms is None else lookahead_ms / 1000.0, engines, tuple(devices),
-                     None if keep_warm_ms is None else keep_warm_ms / 1000.0)
+                     None if keep_warm_ms is None else keep_warm_ms / 1000.0, unit_trace)
 
 
 def validate_spec(spec: GraphSpec) -> None:
