@@ -18,6 +18,13 @@ each (9: the assistant block alone, its 61-position user turn already in the tal
 70: that user turn and the block, nothing kept), timed as `prefill_replies(all)` (`batched`:
 longest first, as many as fit in one forward) against one `prefill_replies([reply])` each
 (`alone`); ms for all N prefills and per prefill (median of `--repeats`). `--prefills 0`: none.
+
+`--pause-ms 0,30,100` (issue 12, ninth session): one batched step of `--sessions` replies timed
+after the thread paused that long, asleep and spinning (median of 30 steps each): on a shared
+VM the caches lose a step's working set within tens of milliseconds even while the thread spins,
+which is why a step costs more inside an engine than back to back here (docs/batching.md). Use
+`--threads 1`: with 2, a step after the whole process slept also wakes torch's OpenMP pool
+(6.9-9.5 ms a step here), which an engine, busy with other work every few ms, does not pay.
 """
 
 from __future__ import annotations
@@ -77,6 +84,29 @@ def measure(omni: Any, talker: Any, count: int, frames: int, mode: str) -> dict[
         "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cpus": os.cpu_count(),
     }
+
+
+def measure_after_pause(omni: Any, talker: Any, count: int, pause_s: float, how: str, steps: int = 30) -> dict[str, Any]:
+    """Median ms of one `step_replies` of `count` replies after pausing `pause_s` ("sleep" or "spin")."""
+    from nodes.qwen3_omni.talker_engine import step_replies
+
+    walls = []
+    replies: list[Any] = []
+    for index in range(steps):
+        if index % 10 == 0:  # fresh replies (prefilled, untimed) before they reach their frame budget
+            replies = _replies(omni, talker, count, 24)
+            step_replies(replies)
+            step_replies(replies)
+        if how == "sleep":
+            time.sleep(pause_s)
+        else:
+            until = time.perf_counter() + pause_s
+            while time.perf_counter() < until:
+                pass
+        started = time.perf_counter()
+        step_replies(replies)
+        walls.append(time.perf_counter() - started)
+    return {"sessions": count, "pause_ms": round(pause_s * 1000), "how": how, "ms_per_step": round(sorted(walls)[len(walls) // 2] * 1000, 2)}
 
 
 def _prefill_replies(omni: Any, talker: Any, count: int, positions: int) -> list[Any]:
@@ -141,12 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefills", default="1,8,32")
     parser.add_argument("--prefill-positions", default="9,70")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pause-ms", default="", help="e.g. 0,30,100: one step timed after each pause (default: none)")
+    parser.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)), help="torch threads (default: up to 2)")
     args = parser.parse_args(argv)
     import torch
 
     from nodes.qwen3_omni.talker_engine import TalkerModel
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)
     omni = _load(args.scale)
     talker = TalkerModel(omni.model)
     measure(omni, talker, 2, 4, "batched")  # warm-up
@@ -165,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"scale={args.scale} prefill {mode:8s} N={count:3d} x {positions:3d} positions  "
                       f"{row['ms_all']:8.2f} ms  {row['ms_per_prefill']:7.3f} ms/prefill  "
                       f"load {row['load_1min'][0]}->{row['load_1min'][1]} ({row['cpus']} cpus)", flush=True)
+    for pause_ms in (float(n) for n in args.pause_ms.split(",") if n):
+        for count in (int(n) for n in args.sessions.split(",") if n):
+            for how in ("sleep", "spin"):
+                row = measure_after_pause(omni, talker, count, pause_ms / 1000.0, how)
+                print(f"scale={args.scale} step after a {row['pause_ms']:4d} ms pause ({how:5s}) N={count:3d}  "
+                      f"{row['ms_per_step']:6.2f} ms/step", flush=True)
     return 0
 
 
