@@ -48,7 +48,14 @@ async def spoken_turn(prefill_early_ms: int | None) -> tuple[list, dict[str, int
             await until(conn, "session.created")
             await append_pcm(conn, two_part_utterance())
             events = await until(conn, "response.done", timeout=120)
+            assert no_reply_open(srv)
         return events, srv.runtime.nodes["thinker"].counters()
+
+
+def no_reply_open(srv) -> bool:
+    """The graph's ledger of replies (graph/replies.py) is empty: every reply it was asked for ended
+    (a speculation's provisional reply was never asked for)."""
+    return all(not session.replies for session in srv.runtime.sessions.values())
 
 
 async def test_a_pause_inside_the_utterance_is_undone_and_the_turn_ends_as_without_early_prefill():
@@ -84,6 +91,7 @@ async def test_a_reply_cancelled_as_its_turn_ends_leaves_the_session_answering()
                                                       "content": [{"type": "input_text", "text": "Hello?"}]})
             await conn.response.create()
             answered = await until(conn, "response.done", timeout=120)
+            assert no_reply_open(srv)  # the cancelled reply too, whether its turn was purged or ran
         counts = srv.runtime.nodes["thinker"].counters()
     assert cancelled[-1].response.status in ("cancelled", "completed")  # the cancel may come after the last token
     assert not [e for e in cancelled + answered if e.type == "error"]
