@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--server-pid", type=int, help="with --url: the server's pid, to sample its CPU and memory")
     target.add_argument("--config", help="profile for the server the harness starts (and for `components`); default: the embedded CPU profile")
     target.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="Bearer key (env SGL_OMNI_API_KEY)")
+    target.add_argument("--unit-trace", metavar="DIR", help="the server the harness starts records its engines' units of compute into DIR "
+                        "(compute.unit_trace); the report then says what the slowest turns of each level waited on (benchmarks/unit_trace.py)")
     load = parser.add_argument_group("load")
     load.add_argument("--sessions", type=_ints, help="realtime: concurrent sessions per level (default 1,4,16; quick 1,2)")
     load.add_argument("--turns", type=int, help="realtime: spoken turns per session (default 2; quick 1)")
@@ -173,6 +175,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     if {"realtime", "webrtc", "speech"} & set(scenarios):
         _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out)
+        if args.unit_trace and not args.url:
+            from benchmarks import unit_trace
+
+            windows = [(f"N={report.level_label(level)}", *level["window_perf_counter"])
+                       for level in doc.get("realtime", {}).get("levels", []) if "window_perf_counter" in level]
+            doc["unit_trace"] = unit_trace.summarize_when_written(args.unit_trace, windows or None)
+            unit_trace.print_summaries(doc["unit_trace"], file=sys.stderr)
     if "components" in scenarios:
         from benchmarks import components
         from benchmarks.server import ResourceMonitor
@@ -202,7 +211,7 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         needed = [*((*sessions, *spread_sessions) if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
         if "realtime" in scenarios and args.find_capacity:
             needed.append(args.capacity_limit)
-        context = ManagedServer(args.config, max(needed), log_path, args.api_key)
+        context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path}
         if "realtime" in scenarios:
@@ -213,10 +222,12 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
 
             def run_level(count: int, arrivals: str, settings: Any) -> dict[str, Any]:
                 before = server_counts(server.base_url, args.api_key)
+                window_start = time.perf_counter()
                 with ResourceMonitor(server.pid) as monitor, ResourceMonitor(os.getpid(), include_children=False) as client:
                     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the server's loop, uvloop
                         results, wall = runner.run(realtime.run_level(server.ws_url, server.model_id, args.api_key, count, utterances, settings))
                 level = realtime.summarize_level(count, results, wall, settings, arrivals)
+                level["window_perf_counter"] = [round(window_start, 3), round(time.perf_counter(), 3)]  # for --unit-trace
                 level["server"] = monitor.summary(count)
                 after = server_counts(server.base_url, args.api_key)
                 level["batch_sizes"] = mean_batch_sizes(before.batches, after.batches)

@@ -8,7 +8,8 @@ The JSON document (`SCHEMA`) is the source of every other view:
      "webrtc":     {"levels": [{"sessions": N, "ttfa_from_speech_stopped_ms": {...}, ...}]},
      "speech":     {"levels": [{"concurrency": C, "mode": "file"|"sse", ...}], "batch": {...}},
      "components": {"<name>": {...}, ...},
-     "ratios":     {"<name>": number, ...}}
+     "ratios":     {"<name>": number, ...},
+     "unit_trace": [{"file": ..., "levels": [...]}]}   (with --unit-trace: benchmarks/unit_trace.py)
 
 A scenario that was not run is absent; one that could not run is `{"skipped": "why"}`.
 """

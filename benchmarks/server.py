@@ -67,8 +67,10 @@ class ServerStartError(RuntimeError):
 class ManagedServer:
     """A server subprocess for the length of a `with` block."""
 
-    def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0):
+    def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0,
+                 unit_trace: str | None = None):
         self.config = config
+        self.unit_trace = unit_trace
         self.max_sessions = max_sessions
         self.log_path = log_path
         self.api_key = api_key
@@ -80,6 +82,8 @@ class ManagedServer:
         import yaml
 
         profile = bench_profile(self.config, self.max_sessions)
+        if self.unit_trace:
+            profile.setdefault("compute", {})["unit_trace"] = str(Path(self.unit_trace).resolve())
         # Kept beside the log: the exact profile that was measured.
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.profile_path = self.log_path.with_name(self.log_path.stem.removesuffix("-server") + "-profile.yaml")

@@ -1,7 +1,7 @@
 """Where a slow turn's time went, from the unit traces a server wrote (graph/unit_trace.py).
 
-    # a profile with `compute: {unit_trace: /tmp/units}`, then any load, e.g.:
-    sgl-omni bench realtime --sessions 1,64 --spread-sessions 64 --config traced.yaml
+    sgl-omni bench realtime --sessions 1,64 --spread-sessions 64 --unit-trace /tmp/units
+    # or a profile with `compute: {unit_trace: /tmp/units}` under any load, then:
     python -m benchmarks.unit_trace /tmp/units
 
 For each runtime (engine) that hosted turns: its turns split into the bench's levels (a pause of
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,44 @@ def level_summary(units: list[list[Any]], turns: list[tuple[float, float]]) -> d
     }
 
 
-def summarize(directory: str, gap_s: float = 3.0) -> list[dict[str, Any]]:
+def summarize(directory: str, gap_s: float = 3.0, windows: list[tuple[str, float, float]] | None = None) -> list[dict[str, Any]]:
+    """Per trace file (engine), per level. `windows`: the bench's levels as (label, start, end)
+    on the same clock (`time.perf_counter`: CLOCK_MONOTONIC, shared by the processes of one
+    machine); without them, levels are told apart by pauses of more than `gap_s` between turns."""
     summaries = []
     for path in sorted(Path(directory).glob("units-*.json")):
         trace = json.loads(path.read_text())
         turns = turns_of(trace)
         if not turns:
             continue
-        summaries.append({"file": path.name, "levels": [level_summary(trace["units"], level) for level in levels_of(turns, gap_s)]})
+        if windows is None:
+            levels = [(f"level {index + 1}", level) for index, level in enumerate(levels_of(turns, gap_s))]
+        else:
+            levels = [(label, [t for t in turns if start <= t[0] <= end]) for label, start, end in windows]
+        summaries.append({"file": path.name, "levels": [{"level": label, **level_summary(trace["units"], level)} for label, level in levels if level]})
     return summaries
+
+
+def summarize_when_written(directory: str, windows: list[tuple[str, float, float]] | None = None, wait_s: float = 10.0) -> list[dict[str, Any]]:
+    """`summarize`, once the runtimes have written their traces: each writes at its stop, which
+    can come a little after the server's process has exited (an engine's own shutdown)."""
+    deadline = time.monotonic() + wait_s
+    while not list(Path(directory).glob("units-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # the other engines' files, written at the same moment
+    return summarize(directory, windows=windows)
+
+
+def print_summaries(summaries: list[dict[str, Any]], file: Any = sys.stdout) -> None:
+    for summary in summaries:
+        print(summary["file"], file=file)
+        for level in summary["levels"]:
+            ttfa, slowest = level["ttfa_ms"], level["slowest"]
+            print(f"  {level['level']}: {level['turns']} turns, engine-side TTFA p50 {ttfa['p50']} / p95 {ttfa['p95']} / max {ttfa['max']} ms, "
+                  f"engine busy {100 * level['busy_share']:.0f}% (CPU/wall {level['cpu_per_wall']})", file=file)
+            print("    busy: " + ", ".join(f"{key} {value:.2f}s" for key, value in list(level["busy_s"].items())[:8]), file=file)
+            print(f"    slowest {slowest['turns']} (mean {slowest['ttfa_ms_mean']} ms) waited on: "
+                  + ", ".join(f"{phase} {ms} ms" for phase, ms in slowest["engine_ms_by_phase"].items()), file=file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,16 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         print(json.dumps(summaries, indent=1))
-        return 0
-    for summary in summaries:
-        print(summary["file"])
-        for index, level in enumerate(summary["levels"]):
-            ttfa, slowest = level["ttfa_ms"], level["slowest"]
-            print(f"  level {index + 1}: {level['turns']} turns, engine-side TTFA p50 {ttfa['p50']} / p95 {ttfa['p95']} / max {ttfa['max']} ms, "
-                  f"engine busy {100 * level['busy_share']:.0f}% (CPU/wall {level['cpu_per_wall']})")
-            print("    busy: " + ", ".join(f"{key} {value:.2f}s" for key, value in list(level["busy_s"].items())[:8]))
-            print(f"    slowest {slowest['turns']} (mean {slowest['ttfa_ms_mean']} ms) waited on: "
-                  + ", ".join(f"{phase} {ms} ms" for phase, ms in slowest["engine_ms_by_phase"].items()))
+    else:
+        print_summaries(summaries)
     return 0
 
 

@@ -7,6 +7,7 @@ import psutil
 import pytest
 import yaml
 
+from benchmarks import unit_trace
 from benchmarks.server import ManagedServer, ServerStartError, bench_profile
 from tests.realtime.fakes import realtime_profile
 
@@ -38,6 +39,18 @@ def test_the_harness_starts_a_healthy_server_and_stops_it(tmp_path):
     # The profile it served is kept beside the log, with room for the sessions asked for.
     served = yaml.safe_load((tmp_path / "server-profile.yaml").read_text())
     assert served["limits"]["max_sessions"] == 8 and served["model_id"] == "test-realtime"
+
+
+def test_with_a_unit_trace_the_harness_s_server_writes_one_for_each_engine_when_it_stops(tmp_path):
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump(realtime_profile()))
+    traces = tmp_path / "units"
+    with ManagedServer(str(path), max_sessions=2, log_path=tmp_path / "server.log", startup_timeout_s=60, unit_trace=str(traces)):
+        served = yaml.safe_load((tmp_path / "server-profile.yaml").read_text())
+        assert served["compute"]["unit_trace"] == str(traces.resolve())
+    engines = served["compute"].get("engines", 1) or 1  # 0: the server's own runtime, one trace
+    unit_trace.summarize_when_written(str(traces))  # waits for the files the engines write as they stop
+    assert len(list(traces.glob("units-*.json"))) == engines
 
 
 def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):

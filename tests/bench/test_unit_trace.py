@@ -98,3 +98,17 @@ def test_a_unit_trace_that_is_not_a_directory_path_is_refused_naming_the_key():
 def test_turns_split_into_levels_at_pauses_between_turn_ends():
     turns = [(0.0, 0.01), (0.5, 0.52), (10.0, 10.02), (11.0, 11.05)]
     assert unit_trace.levels_of(turns, gap_s=3.0) == [turns[:2], turns[2:]]
+
+
+def test_the_bench_s_level_windows_pick_each_level_s_turns(tmp_path):
+    (tmp_path / "units-1.json").write_text(json.dumps({
+        "units": [[0.001, 0.005, 0.004, "talker", ["first"]], [10.001, 10.02, 0.019, "talker", ["playing", "first"]]],
+        "turns": [[0.0, "a", "speech_stopped"], [0.01, "a", "first_audio"],
+                  [10.0, "b", "speech_stopped"], [10.03, "b", "first_audio"]],
+    }))
+    (summary,) = unit_trace.summarize(str(tmp_path), windows=[("N=1", -1.0, 5.0), ("N=2", 5.0, 20.0)])
+    first, second = summary["levels"]
+    assert (first["level"], first["turns"], first["ttfa_ms"]["p50"]) == ("N=1", 1, 10.0)
+    assert (second["level"], second["ttfa_ms"]["p50"]) == ("N=2", 30.0)
+    # The second turn's window held one unit, shared by its two items' phases.
+    assert second["slowest"]["engine_ms_by_phase"] == {"playing": 9.5, "first": 9.5}
