@@ -34,7 +34,7 @@ class TracedTurn(Node):
                 await emit("out", AudioOut(turn_id=message.turn_id, samples=np.zeros(2400, np.float32)))
                 await node.context.compute.run(max, [1, 2])
                 await emit("out", AudioOut(turn_id=message.turn_id, samples=np.zeros(2400, np.float32)))
-                await emit("out", TurnDone(turn_id=message.turn_id))
+                await emit("out", TurnDone(turn_id=message.turn_id, response_id=message.reply.response_id))
 
         return State(self, session)
 

@@ -113,7 +113,7 @@ class ComputeNode(Node):
                     return threading.current_thread().name
 
                 thread_name = await node.context.compute.run(step)
-                await emit("done", TurnDone(turn_id=message.turn_id, reason=thread_name))
+                await emit("done", TurnDone(turn_id=message.turn_id, response_id=_reply_id(message), reason=thread_name))
 
         return State(self, session)
 
@@ -144,6 +144,11 @@ class WarmRelay(Relay):
         state = super().open_session(session)
         state.warms_ahead = lambda: bool(session.config.get("warms_ahead"))  # as a VAD with early prefill says
         return state
+
+
+def _reply_id(turn: Turn) -> str:
+    """The response id a reply-side node's `TurnDone` carries: its reply's (graph/replies.py)."""
+    return turn.reply.response_id if turn.reply is not None else ""
 
 
 def chunk(ms: float, turn_id: int = -1) -> Message:

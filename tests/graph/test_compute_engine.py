@@ -276,7 +276,7 @@ class ReplyAudio(Node):
                 node.dues.append(await node.context.compute.run(lambda due=current_due.get(): due()))
                 await emit("audio", AudioOut(turn_id=message.turn_id, samples=np.zeros(24000, np.float32), sample_rate=24000))
                 node.dues.append(await node.context.compute.run(lambda due=current_due.get(): due()))
-                await emit("audio", TurnDone(turn_id=message.turn_id))
+                await emit("audio", TurnDone(turn_id=message.turn_id, response_id=message.reply.response_id))
 
         return State(self, session)
 

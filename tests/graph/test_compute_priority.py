@@ -191,7 +191,7 @@ class PriorityProbe(Node):
             async def on_message(self, stream, message, emit):
                 spawned = await asyncio.get_running_loop().create_task(_priority())
                 node.seen[self.session.session_id] = (current_priority.get(), spawned)
-                await emit("done", TurnDone(turn_id=message.turn_id))
+                await emit("done", TurnDone(turn_id=message.turn_id, response_id=message.reply.response_id if message.reply else ""))
 
         return State(self, session)
 
