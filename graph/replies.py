@@ -4,9 +4,8 @@ A reply is open from the `Turn` that asks for it (`Turn.reply`; an early prefill
 reply is not asked for yet) to its `TurnDone` leaving the graph, or to that `Turn` being dropped
 by an interrupt before any node saw it; a reply is known by its turn id and response id, which
 its `TurnDone` carries (the thinker's contract: exactly one per reply, nodes/thinker.py).
-`GraphSession` keeps the ledger (it sees both ends); the
-dialog reads it to bound queued replies and for turn-taking, the runtime for idle timeouts and
-draining. The transport keeps its own state of each response (the wire's events), but tells the
+`GraphSession` keeps the ledger (it sees both ends); the dialog reads it to bound queued replies
+and for turn-taking, the runtime for idle timeouts and draining. The transport keeps its own state of each response (the wire's events), but tells the
 graph nothing about a reply's end: the graph knows it first.
 
 A cancel can overtake the request it names (a control overtakes queued commands): a
