@@ -248,21 +248,23 @@ class ComputePool:
             return None
 
     def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
+        trace = self.trace
+        if trace is not None:  # what the unit is, read before the call takes its item apart
+            name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
+            phases = [p.phase for p in batch]
+            cpu_started = time.thread_time()
         started = time.perf_counter()
-        cpu_started = time.thread_time() if self.trace is not None else 0.0
         if batcher is None:
-            name = getattr(batch[0].item[0], "__qualname__", "call")
             _call(batch[0])
         else:
-            name = batcher.name
             batcher._run(batch)
             with self._ready:
                 batcher._running = False
                 self._ready.notify_all()  # its queued items may be the most urgent now
         ended = time.perf_counter()
         self.busy_s += ended - started
-        if self.trace is not None:
-            self.trace.unit(started, ended, time.thread_time() - cpu_started, name, [p.phase for p in batch])
+        if trace is not None:
+            trace.unit(started, ended, time.thread_time() - cpu_started, name, phases)
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
         # keep the batch, and through it the callers' arguments, alive.
         del batch

@@ -364,16 +364,15 @@ class GraphSession:
             for target in routes.get((name, stream), ()):
                 await self._inboxes[target.node].put((target.stream, message))
             if (name, stream) in outputs:
-                if self._trace is not None:
-                    if isinstance(message, AudioOut):
-                        self._trace.audio(self.id)
-                    elif isinstance(message, InputSpeechStopped):
-                        self._trace.speech_stopped(self.id)
                 if isinstance(message, AudioOut):
                     self.playback.audio_sent(len(message.samples) / message.sample_rate)
+                    if self._trace is not None:
+                        self._trace.audio(self.id)
                 elif isinstance(message, TurnDone):
                     self.replies.ended(message.turn_id, message.response_id)
                     self.playback.reply_ended()
+                elif self._trace is not None and isinstance(message, InputSpeechStopped):
+                    self._trace.speech_stopped(self.id)
                 await self._output.put(message)
 
         return emit
