@@ -97,6 +97,13 @@ def _due() -> float:
     return time.monotonic() if clock is None else clock()
 
 
+def submission_due() -> float:
+    """When work submitted now from the current task is due (its `current_due` clock, else now).
+    A caller that resubmits work none of which has run yet keeps the earlier of this and its
+    first submission's (see `continuation_due` for work already under way)."""
+    return _due()
+
+
 def continuation_due() -> float:
     """The due time for the next slice of work already under way (a long prefill's next chunk):
     its task's due time, but never earlier than now. Work that has waited since before then

@@ -23,9 +23,13 @@ Two pieces, shared by all sessions of one model:
   caller resubmits it; the generator keeps its place). So a prefill never holds in-flight decodes
   for more than one such forward, and a long prompt is interleaved with decode steps chunk by
   chunk. Calls come most urgent first; only chunks of calls more urgent than every call that fed
-  in this batch go through, and a resubmitted call is due no earlier than now
-  (`graph.executor.continuation_due`): a long prefill takes one chunk per round and never
-  delays another session's first audio by more than the chunk in progress (docs/batching.md).
+  in this batch go through, and a call resubmitted after one of its chunks ran is due no earlier
+  than now (`graph.executor.continuation_due`): a long prefill takes one chunk per round and
+  never delays another session's first audio by more than the chunk in progress
+  (docs/batching.md). A call handed back before any of it ran keeps its place in line (the due
+  time of its first submission, or its task's if that became earlier): due "now" at every try,
+  an utterance prefilled in its pause went behind every reply that fed, batch after batch, and
+  at 64 sessions could still be waiting when its turn ended.
 
 Why not transformers' own machinery: re-packing DynamicCaches per step or one padded
 DynamicCache measured 2-6x slower here and stall on joins; continuous batching takes token ids
@@ -44,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from graph.executor import continuation_due
+from graph.executor import continuation_due, submission_due
 from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache, padded_group
 
@@ -235,12 +239,13 @@ def _owns_row(request: Feed | Chunk) -> bool:
 class _Call:
     """A submitted call: its generator and the request it is waiting on (kept across submissions)."""
 
-    __slots__ = ("work", "request", "started")
+    __slots__ = ("work", "request", "started", "ran")
 
     def __init__(self, work: Work):
         self.work = work
         self.request: Feed | Chunk | None = None
         self.started = False
+        self.ran = False  # a forward has answered one of its requests
 
 
 def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
@@ -303,6 +308,8 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
             indices = still_open(indices)
             if not indices:
                 return [], ()
+            for index in indices:
+                calls[index].ran = True
             try:
                 return indices, run([waiting[index] for index in indices])
             except Exception as exc:  # noqa: BLE001 - the forward failed for all its rows
@@ -368,9 +375,12 @@ class ThinkerExecutor:
     async def call(self, work: Work, priority: int | None = None) -> Any:
         """Run one session's call (a generator from `ThinkerSession.*_work`) to its result."""
         call = _Call(work)
-        due = None  # the session's own, for the first slice
+        due = first_due = submission_due()
         while (result := await self.batcher.submit(call, priority, due)) is AGAIN:
-            due = continuation_due()  # a long prefill's next chunk goes after work waiting since before it
+            if call.ran:  # a long prefill's next chunk goes after work waiting since before it
+                due = continuation_due()
+            else:  # handed back before its first forward (more urgent calls fed): it keeps its place
+                due = min(first_due, submission_due())
         return result
 
     async def decode(self, session: ThinkerSession, priority: int | None = None) -> Any:

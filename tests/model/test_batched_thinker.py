@@ -8,12 +8,13 @@ pinned in pyproject): if an upgrade breaks it, batched logits stop matching sequ
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from graph.executor import ComputePool
+from graph.executor import ComputePool, current_due
 from nodes.qwen3_omni.batched_thinker import AGAIN, ThinkerExecutor, ThinkerRunner, _Call, run_calls
 from nodes.qwen3_omni.inputs import build_turn_inputs
 from nodes.qwen3_omni.media_encoders import encode_turns
@@ -272,3 +273,38 @@ def test_a_prefill_chunk_waits_while_a_more_urgent_reply_decodes_in_the_same_bat
     results = run_calls(runner, [prefill, _Call(urgent.decode_work())])  # the prefill first now
     assert results[0] is AGAIN and results[1] is not AGAIN
     assert runner.forwards - forwards == 2  # the decode step and a chunk
+
+
+async def test_a_call_handed_back_before_its_first_forward_keeps_its_place_in_line(omni):
+    # A prefill handed back (AGAIN) because more urgent calls fed in that batch has not started:
+    # it keeps its first submission's due time (an utterance prefilled in its pause: when the pause
+    # came), or its task's, if that became earlier (the turn ended). Due "now" at every try, it
+    # went behind every reply that was catching up, batch after batch, and could still wait when
+    # its turn ended. Once a chunk of it ran, its next chunk is a continuation (due no earlier than now).
+    class Batcher:
+        def __init__(self, script):
+            self.script, self.dues = script, []
+
+        async def submit(self, call, priority, due):
+            self.dues.append(due)
+            step = self.script.pop(0)
+            if step == "confirmed":
+                current_due.set(lambda: 1.0)  # the turn ended: its work is due since long ago
+            call.ran = call.ran or step == "ran"
+            return AGAIN if self.script else "result"
+
+    pool = ComputePool(threads=0)
+    executor = ThinkerExecutor(pool, omni)
+    try:
+        executor.batcher = Batcher(["fed", "fed", "confirmed", "ran", "last"])
+        token = current_due.set(time.monotonic)  # an unasked utterance: due when submitted
+        try:
+            assert await executor.call(iter(())) == "result"
+        finally:
+            current_due.reset(token)
+    finally:
+        pool.shutdown()
+    first, kept, again, confirmed, continued = executor.batcher.dues
+    assert kept == again == first < time.monotonic()
+    assert confirmed == 1.0
+    assert continued > first  # after a chunk ran: behind work that waited since before now
