@@ -181,7 +181,13 @@ class TalkerSession(NodeSession):
         if chunk.out_of_band and self._rollback is None:
             self._rollback = self.history.snapshot()  # undone at that reply's TurnDone
         compute = self.node.context.compute
-        await compute.run(self._add_prompt_now, chunk)
+        if chunk.user_parts is not None:
+            # Bookkeeping only (the embeddings are projected in the reply's prefill): not a unit of
+            # compute of its own, which would put each of several turns that end together through
+            # the talker one after the other instead of in one batched prefill.
+            self._add_prompt_now(chunk)
+        else:
+            await compute.run(self._add_prompt_now, chunk)
         # A reply right behind this prompt (an utterance that brought its reply): its own prefill
         # takes the new user turn in with its assistant block, one forward (as the direct path
         # does), unless the turn is long enough to need slices.

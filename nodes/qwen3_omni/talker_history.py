@@ -25,10 +25,27 @@ if TYPE_CHECKING:
 ASSISTANT_HEADER_TOKENS = 3
 
 
-@dataclass
 class _UserSegment:
-    token_ids: torch.Tensor  # [n]
-    embeds: torch.Tensor  # [n, D]
+    """One user message's token ids [n] and their talker-space embeddings [n, D]; given as the
+    thinker's hidden states (`lazy`), the embeddings are projected at their first use, inside the
+    reply's prefill (compute), not when the message arrives (the node's task)."""
+
+    __slots__ = ("token_ids", "_embeds", "_lazy")
+
+    def __init__(self, token_ids: torch.Tensor, embeds: torch.Tensor | None = None,
+                 lazy: tuple[TalkerModel, torch.Tensor | None] | None = None):
+        self.token_ids = token_ids
+        self._embeds = embeds
+        self._lazy = lazy
+
+    @property
+    def embeds(self) -> torch.Tensor:
+        if self._embeds is None:
+            assert self._lazy is not None
+            talker, mm_hidden = self._lazy
+            self._embeds = talker.prompt_embeds(self.token_ids, mm_hidden)
+            self._lazy = None
+        return self._embeds
 
 
 @dataclass
@@ -85,13 +102,14 @@ class TalkerHistory:
 
     def add_user_part(self, token_ids: torch.Tensor, mm_hidden: torch.Tensor | None = None) -> None:
         """One user message the thinker already picked out (`ThinkerSession`'s `TalkerUserPart`):
-        all its ids and the accept-layer hidden states of its multimodal positions.
+        all its ids and the accept-layer hidden states of its multimodal positions. No model
+        compute here: their talker-space embeddings are made at the first prefill that needs them.
 
         With this path the caller also passes the prefill's grids (`add_grids`) and ids (`track`).
         """
         token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).cpu()
         if token_ids.numel():
-            self.segments.append(_UserSegment(token_ids, self.talker.prompt_embeds(token_ids, mm_hidden)))
+            self.segments.append(_UserSegment(token_ids, lazy=(self.talker, mm_hidden)))
 
     def track(self, token_ids: torch.Tensor | list[int]) -> None:
         """Follow prefilled ids for the assistant header only (their user parts came separately)."""

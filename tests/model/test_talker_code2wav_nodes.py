@@ -10,6 +10,7 @@ import torch
 
 from graph.messages import AudioOut, CodecFrames, HiddenChunk, Interrupt, ReplyParams, TalkerPrompt, TurnDone, Usage
 from graph.runtime import GraphRuntime
+from graph.unit_trace import UnitTrace
 from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder
 from nodes.qwen3_omni.talker_engine import TalkerHistory, TalkerReply, prefill_user_turns
 
@@ -143,6 +144,35 @@ async def test_a_prompt_whose_reply_follows_is_prefilled_with_the_reply_in_one_f
     # Apart: the user turn, then the reply's 9-position block; together: both in the first forward.
     assert len(apart_inputs) == len(together_inputs) + 1
     assert together_inputs[0].shape[0] == apart_inputs[0].shape[0] + 9
+
+
+async def test_a_prompt_with_the_thinkers_user_parts_is_projected_in_the_replys_first_step(runtime, tmp_path):
+    # Turns that end together must reach the talker's batched prefill together: a prompt unit of
+    # its own per turn put each of them through the talker one after the other. The user parts
+    # are bookkeeping until the reply's prefill projects them, with the frames of the other path.
+    async def frames_of(session_id: str, with_parts: bool):
+        session = await runtime.open_session(session_id, config={"voice": "chelsie"})
+        chunk = prompt_chunk(runtime)
+        chunk.reply_follows = True
+        if with_parts:  # the user message, cut out as the thinker cuts it (up to the next <|im_start|>)
+            ids = list(chunk.token_ids)
+            end = ids.index(runtime.resources["omni"].tokens.im_start, 1)
+            chunk.user_parts = [{"token_ids": torch.tensor(ids[:end]), "multimodal_hidden": None}]
+        trace = runtime.compute.trace = UnitTrace(str(tmp_path))
+        await session.send("hidden", chunk)
+        for i, token in enumerate([104, 105, 33]):
+            await session.send("hidden", HiddenChunk(turn_id=1, response_id="r1", token_ids=(token,), final=i == 2))
+        await session.send("hidden", TurnDone(turn_id=1, response_id="r1"))
+        out = await collect(session)
+        runtime.compute.trace = None
+        await session.close()
+        return np.concatenate([m.codes for m in out if isinstance(m, CodecFrames) and len(m.codes)]), trace.units
+
+    eager, eager_units = await frames_of("eager", with_parts=False)
+    parts, parts_units = await frames_of("parts", with_parts=True)
+    assert np.array_equal(parts, eager)
+    assert eager_units[0][3] == "TalkerSession._add_prompt_now"  # the path without parts projects in a unit
+    assert parts_units[0][3] == "talker"  # with parts, the reply's first step is the first unit
 
 
 async def test_interrupt_stops_frames_and_audio_and_still_reports_turn_done(runtime):
