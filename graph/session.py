@@ -68,7 +68,11 @@ class PlaybackClock:
     audio the listener is already waiting, as if it ran dry when the reply was asked for: the
     reply's work is due `margin_s` before that, and the stage nearer the listener goes first.
     So the oldest waiting turn gets its first audio first, and a turn that just arrived goes
-    before a reply that has started playing and still has audio buffered. With `lookahead_s`
+    before a reply that has started playing and still has audio buffered. An utterance prefilled
+    in its pause (early prefill: `utterance_paused`) is due as if its reply were asked for when the
+    pause came: its turn will most likely end within the pause, and then its listener waits
+    (due when submitted, it waited behind every reply building up its buffer and was sometimes
+    not prefilled when its turn ended). With `lookahead_s`
     (live sessions; profile `compute: {lookahead_ms}`), work is released `lookahead_s` before it
     is due, so the listener is never more than margin + lookahead ahead.
     """
@@ -76,11 +80,23 @@ class PlaybackClock:
     def __init__(self, margin_s: float = 0.2, lookahead_s: float | None = None):
         self.margin_s = margin_s
         self.lookahead_s = lookahead_s
+        self._paused_at: float | None = None
         self._requested_at: float | None = None
         self._started_at: float | None = None
         self._seconds = 0.0
 
+    def utterance_paused(self) -> None:
+        """An utterance is prefilled in its pause (early prefill): its turn is expected to end
+        within the pause, so its work is due as if asked for now (see `due`)."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def utterance_resumed(self) -> None:
+        """The paused utterance went on (its early prefill was retracted)."""
+        self._paused_at = None
+
     def reply_requested(self) -> None:
+        self._paused_at = None
         if self._requested_at is None:
             self._requested_at = time.monotonic()
 
@@ -110,6 +126,8 @@ class PlaybackClock:
             return anchor + self._seconds - self.margin_s
         if self._requested_at is not None:
             return self._requested_at - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
+        if self._paused_at is not None:
+            return self._paused_at - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
         return time.monotonic()
 
     def release(self) -> float:
@@ -378,8 +396,13 @@ class GraphSession:
         return emit
 
     def _count_reply_request(self, message: Message) -> None:
-        if not isinstance(message, Turn) or message.speculative:
-            return  # an early prefill's provisional reply is asked for only by the turn confirming it
+        if not isinstance(message, Turn):
+            return
+        if message.speculative:  # an early prefill's provisional reply is asked for only by the turn confirming it
+            self.playback.utterance_paused()
+            return
+        if message.retracts is not None:
+            self.playback.utterance_resumed()
         if message.awaited or message.reply is not None:
             self.playback.reply_requested()
         if message.reply is not None:

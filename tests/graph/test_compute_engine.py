@@ -256,6 +256,58 @@ def test_playback_clock_says_when_reply_work_is_due(monkeypatch):
     assert clock.due() == 100.9
 
 
+def test_an_utterance_prefilled_in_its_pause_is_due_as_if_its_reply_was_asked_for_then(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("graph.session.time.monotonic", lambda: now[0])
+    clock = PlaybackClock(margin_s=0.2)
+    clock.utterance_paused()  # early prefill: the turn will most likely end within the pause
+    now[0] = 100.2
+    assert clock.due() == pytest.approx(99.8)  # not "now": ahead of replies building up their buffers
+    assert clock.phase() == "unasked"
+    clock.utterance_resumed()  # the speaker went on
+    assert clock.due() == 100.2
+    clock.utterance_paused()
+    now[0] = 100.3
+    clock.reply_requested()  # the turn ended: due from the request on
+    assert clock.due() == pytest.approx(100.1)
+
+
+@register_node("test.turn_sink")
+class TurnSink(Node):
+    """Takes turns and does nothing with them."""
+
+    inputs = {"turns": (Turn,)}
+    outputs = {}
+
+    def open_session(self, session):
+        class State(NodeSession):
+            async def on_message(self, stream, message, emit):
+                pass
+
+        return State(self, session)
+
+
+async def test_a_speculative_turn_starts_its_sessions_pause_and_its_retraction_ends_it():
+    runtime = GraphRuntime.from_config({
+        "model_id": "m",
+        "imports": ["tests.graph.test_compute_engine"],
+        "nodes": {"sink": {"type": "test.turn_sink"}},
+        "inputs": {"turns": "sink.turns"},
+        "outputs": [],
+    })
+    await runtime.start()
+    try:
+        session = await runtime.open_session("s")
+        sent_at = time.monotonic()
+        await session.send("turns", Turn(turn_id=0, item_id="early_0", speculative=True, text="hi"))
+        assert session.playback.due() <= sent_at - session.playback.margin_s + 0.001
+        await session.send("turns", Turn(turn_id=1, retracts="early_0"))
+        assert session.playback.due() >= sent_at
+        await session.close()
+    finally:
+        await runtime.stop(0)
+
+
 @register_node("test.reply_audio")
 class ReplyAudio(Node):
     """A reply-side node: records its compute's due time, then speaks one second of audio."""
