@@ -42,7 +42,10 @@ sessions' reply-side nodes (`PlaybackClock.release`: the due time minus the prof
 its listener instead of all at once: the worker is then free more often
 when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
 TTFA p95 63-76 -> 37-39 ms, docs/batching.md). A batcher runs once its most urgent released item
-is; its batch takes the queued items as always (rows ride along in the same forward).
+is; its batch takes the queued items as always (rows ride along in the same forward), but for
+one case: a batch led by the first-audio work of a turn that has just ended leaves out the items
+not due yet (`_first_audio_alone`), so the forward the turn waits on carries no rows that are
+not needed for hundreds of ms.
 
 Batch formation: with `linger_s` > 0, a batcher holding fewer items than its last batch is not
 ready until its oldest item has waited `linger_s` (sessions that got a step's result usually
@@ -79,8 +82,8 @@ current_due: contextvars.ContextVar[Callable[[], float] | None] = contextvars.Co
 # Before when compute submitted from the current task must not start; None: at once.
 current_release: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
     "graph_compute_release", default=None)
-# The phase of the reply compute submitted from the current task serves (graph/unit_trace.py);
-# read only while a unit trace records.
+# The phase of the reply compute submitted from the current task serves ("first", "playing",
+# "unasked": PlaybackClock.phase): the batchers' riders rule (`_first_audio_alone`), unit traces.
 current_phase: contextvars.ContextVar[Callable[[], str] | None] = contextvars.ContextVar(
     "graph_compute_phase", default=None)
 
@@ -208,9 +211,8 @@ class ComputePool:
             if self._closed:
                 raise RuntimeError(closed_message)
             pending.release = current_release.get()
-            if self.trace is not None:
-                phase = current_phase.get()
-                pending.phase = "other" if phase is None else phase()
+            phase = current_phase.get()  # the batchers read it (`_first_audio_alone`), as does a trace
+            pending.phase = "other" if phase is None else phase()
             heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
             self._ready.notify()
         if self.inline:
@@ -333,6 +335,10 @@ class ComputePool:
 # step is then queued before the next unit is chosen, so it is not left behind someone else's
 # batch at every hop. Where the loop cannot tell (uvloop), _INLINE_YIELDS turns.
 _INLINE_YIELDS = 3
+# A batch whose most urgent item is a turn's first-audio work due less than this long ago takes
+# no item that is not due yet (`_first_audio_alone`). First-audio work is due the playback margin
+# (0.2 s, graph/session.py) before its turn asked for the reply: so, 50 ms after the request.
+FIRST_AUDIO_ALONE_S = 0.25
 _INLINE_MAX_YIELDS = 32
 
 # While work is held back, the worker looks again at least this often: a release clock can move
@@ -368,6 +374,16 @@ def _released_head(queue: list[_Entry], now: float) -> tuple[tuple[int, float, i
         elif best is None or entry[:3] < best:
             best, index = entry[:3], i
     return best, index, wake_at
+
+
+def _first_audio_alone(head: _Entry, now: float) -> bool:
+    """Whether a batch led by `head` leaves out the items that are not due yet (replies ahead of
+    their listeners): when `head` is the first-audio work of a turn that has just ended. Riding
+    along, they made the forward that the new turn waits on 1-3 ms longer, for work not needed
+    for hundreds of ms (64 sessions, spread arrivals: TTFA p95 23-24 -> 18-19 ms). The work of a
+    turn that has waited longer (turns ending together) takes riders again, so the replies that
+    play meanwhile are not held back until the whole burst has its first audio."""
+    return head[-1].phase == "first" and now - head[1] < FIRST_AUDIO_ALONE_S
 
 
 def _call(pending: _Pending) -> None:
@@ -447,7 +463,13 @@ class Batcher(Generic[Item, Result]):
         riding along in the same call while there is room."""
         live = [entry for entry in self._queue if not entry[-1].future.done()]  # cancelled callers drop out
         live.sort(key=lambda entry: (_release_at(entry[-1]) > now, entry[:3]))
-        taken, rest = live[: self._max_batch], live[self._max_batch :]
+        if live and _first_audio_alone(live[0], now):
+            taken, rest = [], []
+            for entry in live:
+                rides = entry[-1].phase == "first" or entry[1] < now
+                (taken if rides and len(taken) < self._max_batch else rest).append(entry)
+        else:
+            taken, rest = live[: self._max_batch], live[self._max_batch :]
         heapq.heapify(rest)
         self._queue = rest
         self._last_batch = len(taken)
