@@ -50,7 +50,8 @@ not needed for hundreds of ms.
 Batch formation: with `linger_s` > 0, a batcher holding fewer items than its last batch is not
 ready until its oldest item has waited `linger_s` (sessions that got a step's result usually
 resubmit at once; without the wait the first one back starts a batch of one). Meanwhile the
-workers run other work; 0 (the default) is ready at once.
+workers run other work; 0 (the default) is ready at once, as is a batcher holding a turn's
+first-audio work (it would wait the linger behind whatever unit the worker took meanwhile).
 """
 
 from __future__ import annotations
@@ -456,6 +457,8 @@ class Batcher(Generic[Item, Result]):
         """When this batcher's queued items should run (see batch formation, module docstring)."""
         if self._linger_s <= 0 or len(self._queue) >= min(self._last_batch, self._max_batch):
             return 0.0
+        if any(entry[-1].phase == "first" for entry in self._queue):
+            return 0.0  # a turn waits for its first audio: no lingering for the others to come back
         return min(entry[-1].queued_at for entry in self._queue) + self._linger_s
 
     def _take(self, now: float) -> list[_Pending]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from graph.executor import ComputePool
+import pytest
+
+from graph.executor import ComputePool, current_phase
 
 
 def test_a_lingering_batcher_gathers_the_sessions_of_its_last_batch_again():
@@ -40,3 +42,29 @@ def test_a_lingering_batcher_gathers_the_sessions_of_its_last_batch_again():
 
     asyncio.run(main())
     assert sizes == [1, 4, 4]
+
+
+def test_a_lingering_batcher_holding_first_audio_work_runs_at_once():
+    # A turn waiting for its first audio must not wait the linger (behind whatever unit the worker
+    # takes meanwhile) for other sessions to come back.
+    order: list[str] = []
+
+    async def main():
+        compute = ComputePool(threads=1)
+        batcher = compute.batcher("linger-test", lambda items: order.extend(items) or items, max_batch=8, linger_s=5.0)
+
+        async def submit(name: str, phase: str):
+            current_phase.set(lambda: phase)
+            return await batcher.submit(name)
+
+        try:
+            await asyncio.gather(*(batcher.submit(i) for i in range(4)))  # its last batch held four
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await submit("playing", "playing")  # the linger holds other work
+            async with asyncio.timeout(2):  # well within the 5 s linger
+                assert await submit("first", "first") == "first"
+        finally:
+            compute.shutdown()
+
+    asyncio.run(main())
