@@ -383,8 +383,9 @@ def _first_audio_alone(head: _Entry, now: float) -> bool:
     along, they made the forward that the new turn waits on 1-3 ms longer, for work not needed
     for hundreds of ms (64 sessions, spread arrivals: TTFA p95 23-24 -> 18-19 ms). The work of a
     turn that has waited longer (turns ending together) takes riders again, so the replies that
-    play meanwhile are not held back until the whole burst has its first audio."""
-    return head[-1].phase == "first" and now - head[1] < FIRST_AUDIO_ALONE_S
+    play meanwhile are not held back until the whole burst has its first audio. Live sessions
+    only: speech requests are downloads, where batching everything ready is what pays."""
+    return head[0] == PRIORITY_REALTIME and head[-1].phase == "first" and now - head[1] < FIRST_AUDIO_ALONE_S
 
 
 def _call(pending: _Pending) -> None:

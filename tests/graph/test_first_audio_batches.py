@@ -8,11 +8,11 @@ import asyncio
 import threading
 import time
 
-from graph.executor import ComputePool, current_due, current_phase
+from graph.executor import PRIORITY_REALTIME, PRIORITY_SPEECH, ComputePool, current_due, current_phase, current_priority
 from tests.graph.fakes import occupy, wait_queued
 
 
-async def batches_of(first_asked_s_ago: float) -> list[list[str]]:
+async def batches_of(first_asked_s_ago: float, priority: int = PRIORITY_REALTIME) -> list[list[str]]:
     """The batches a batcher runs for three items queued behind a busy worker: a turn's first-audio
     work (its reply asked for `first_asked_s_ago`), a reply catching up (overdue) and a reply ahead
     of its listener (due in 0.3 s)."""
@@ -23,6 +23,7 @@ async def batches_of(first_asked_s_ago: float) -> list[list[str]]:
     now = time.monotonic()
 
     async def submit(name: str, phase: str, due: float) -> str:
+        current_priority.set(priority)
         current_phase.set(lambda: phase)
         current_due.set(lambda: due)
         return await batcher.submit(name)
@@ -49,3 +50,8 @@ async def test_a_turn_that_just_ended_gets_a_forward_without_the_replies_not_due
 async def test_a_turn_that_waited_behind_others_takes_every_reply_along():
     # Turns ending together: the playing replies must not wait for the whole burst's first audio.
     assert await batches_of(first_asked_s_ago=0.3) == [["first", "catching up", "ahead"]]
+
+
+async def test_speech_requests_batch_everything_ready():
+    # Downloads: what pays there is batching every request that is ready.
+    assert await batches_of(first_asked_s_ago=0.0, priority=PRIORITY_SPEECH) == [["first", "catching up", "ahead"]]
