@@ -30,12 +30,15 @@ from graph.messages import (
     AudioChunk,
     AudioOut,
     Close,
+    CodecFrames,
     Command,
     Control,
+    HiddenChunk,
     InputSpeechStopped,
     Interrupt,
     Message,
     NodeEvent,
+    TextDelta,
     Turn,
     TurnDone,
 )
@@ -362,6 +365,8 @@ class GraphSession:
                 except InboxClosed:
                     return
                 started = time.perf_counter()
+                if self._trace is not None and not isinstance(message, _STREAMED):
+                    self._trace.hop(self.id, name, message)
                 await node_session.on_message(stream, message, emit)
                 self._metrics.node_step(name, time.perf_counter() - started)
         except asyncio.CancelledError:
@@ -426,6 +431,10 @@ class GraphSession:
             except Exception:  # noqa: BLE001 - keep freeing the others
                 log.exception("session %s: closing node %r failed", self.id, name)
         self._node_sessions.clear()
+
+
+# What a unit trace leaves out of its hops (graph/unit_trace.py): the streamed data.
+_STREAMED = (AudioChunk, HiddenChunk, CodecFrames, TextDelta, AudioOut)
 
 
 def _requests_reply(message: Message) -> bool:

@@ -3,8 +3,11 @@
 With `compute: {unit_trace: DIR}` in the profile, every runtime (each engine process) records
 each unit of compute it ran (a call or a batch: when, how long, its CPU time, the batcher's name
 or the call's function, and for each item the phase of the reply it served), and for each turn
-the moment its `speech_stopped` and its first audio left the graph. At stop it writes them to
-`DIR/units-<pid>.json`; `python -m benchmarks.unit_trace DIR` reads them.
+the moment its `speech_stopped` and its first audio left the graph, and when each node took each
+message of a session that is not streamed data (`hops`: the turn's way from the dialog through
+preprocessing, encoders and thinker to the talker; audio chunks, hidden chunks, codec frames,
+text deltas and reply audio are left out). At stop it writes them to `DIR/units-<pid>.json`;
+`python -m benchmarks.unit_trace DIR` reads them.
 
 Phases (`PlaybackClock.phase`, graph/session.py): `first` (a reply asked for, no audio yet: the
 first-audio path), `playing` (its audio has started), `unasked` (no reply asked for: an
@@ -30,6 +33,8 @@ class UnitTrace:
         self.units: list[tuple[float, float, float, str, list[str]]] = []
         # (at, session_id, kind): kind "speech_stopped" | "first_audio"
         self.turns: list[tuple[float, str, str]] = []
+        # (at, session_id, node, message type): a node took a message (`hop`)
+        self.hops: list[tuple[float, str, str, str]] = []
         self._awaiting_audio: set[str] = set()
 
     def unit(self, started: float, ended: float, cpu_s: float, name: str, phases: list[str]) -> None:
@@ -39,6 +44,9 @@ class UnitTrace:
         self.turns.append((time.perf_counter(), session_id, "speech_stopped"))
         self._awaiting_audio.add(session_id)
 
+    def hop(self, session_id: str, node: str, message: object) -> None:
+        self.hops.append((time.perf_counter(), session_id, node, type(message).__name__))
+
     def audio(self, session_id: str) -> None:
         """Audio left the graph: the turn's first audio, if its speech stopped and none came yet."""
         if session_id in self._awaiting_audio:
@@ -47,6 +55,7 @@ class UnitTrace:
 
     def write(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        doc: dict[str, Any] = {"pid": os.getpid(), "clock": "perf_counter", "units": self.units, "turns": self.turns}
+        doc: dict[str, Any] = {"pid": os.getpid(), "clock": "perf_counter", "units": self.units,
+                               "turns": self.turns, "hops": self.hops}
         self.path.write_text(json.dumps(doc))
         return self.path

@@ -72,6 +72,7 @@ async def test_a_traced_runtime_writes_its_units_with_the_reply_phase_they_serve
     phases = {name: item_phases for _, _, _, name, item_phases in trace["units"]}
     assert phases["sum"] == ["first"] and phases["max"] == ["playing"]
     assert [kind for _, _, kind in trace["turns"]] == ["speech_stopped", "first_audio"]  # the first audio only
+    assert [(node, kind) for _, _, node, kind in trace["hops"]] == [("turn", "Turn")]  # when the node took the turn
 
     (summary,) = unit_trace.summarize(str(tmp_path))
     (level,) = summary["levels"]
