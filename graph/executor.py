@@ -336,11 +336,12 @@ class ComputePool:
 # step is then queued before the next unit is chosen, so it is not left behind someone else's
 # batch at every hop. Where the loop cannot tell (uvloop), _INLINE_YIELDS turns.
 _INLINE_YIELDS = 3
+_INLINE_MAX_YIELDS = 32
+
 # A batch whose most urgent item is a turn's first-audio work due less than this long ago takes
 # no item that is not due yet (`_first_audio_alone`). First-audio work is due the playback margin
 # (0.2 s, graph/session.py) before its turn asked for the reply: so, 50 ms after the request.
 FIRST_AUDIO_ALONE_S = 0.25
-_INLINE_MAX_YIELDS = 32
 
 # While work is held back, the worker looks again at least this often: a release clock can move
 # earlier without telling the pool (an interrupt ends the reply, and its held work must run now
