@@ -96,16 +96,12 @@ Result = TypeVar("Result")
 _Entry = tuple[int, float, int, "_Pending"]
 
 
-def _due() -> float:
-    clock = current_due.get()
-    return time.monotonic() if clock is None else clock()
-
-
 def submission_due() -> float:
     """When work submitted now from the current task is due (its `current_due` clock, else now).
     A caller that resubmits work none of which has run yet keeps the earlier of this and its
     first submission's (see `continuation_due` for work already under way)."""
-    return _due()
+    clock = current_due.get()
+    return time.monotonic() if clock is None else clock()
 
 
 def continuation_due() -> float:
@@ -113,7 +109,7 @@ def continuation_due() -> float:
     its task's due time, but never earlier than now. Work that has waited since before then
     (another session's first audio) goes first, so a long job gets one slice per round and holds
     the worker for at most one slice at a time, however early it was due."""
-    return max(_due(), time.monotonic())
+    return max(submission_due(), time.monotonic())
 
 
 class ComputePool:
@@ -214,7 +210,7 @@ class ComputePool:
             pending.release = current_release.get()
             phase = current_phase.get()  # the batchers read it (`_first_audio_alone`), as does a trace
             pending.phase = "other" if phase is None else phase()
-            heapq.heappush(queue, (urgency, _due() if due is None else due, next(self._order), pending))
+            heapq.heappush(queue, (urgency, submission_due() if due is None else due, next(self._order), pending))
             self._ready.notify()
         if self.inline:
             self._wake_driver(pending.loop)

@@ -275,7 +275,7 @@ class GraphSession:
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = self.last_input_at
-        self._count_reply_request(message)
+        self._track_turn(message)
 
     def control(self, control: Control) -> None:
         """Deliver a control to every node now, ahead of queued data."""
@@ -383,7 +383,7 @@ class GraphSession:
             if stream not in declared:
                 raise ValueError(f"node {name!r} emitted on undeclared stream {stream!r}")
             message.session_id = self.id
-            self._count_reply_request(message)
+            self._track_turn(message)
             for target in routes.get((name, stream), ()):
                 await self._inboxes[target.node].put((target.stream, message))
             if (name, stream) in outputs:
@@ -400,7 +400,9 @@ class GraphSession:
 
         return emit
 
-    def _count_reply_request(self, message: Message) -> None:
+    def _track_turn(self, message: Message) -> None:
+        """What a turn entering the graph or leaving a node tells the playback clock and the ledger:
+        an utterance paused or resumed (early prefill), a reply asked for."""
         if not isinstance(message, Turn):
             return
         if message.speculative:  # an early prefill's provisional reply is asked for only by the turn confirming it
