@@ -34,6 +34,7 @@ import socket
 import sys
 from typing import Any
 
+from graph import heap
 from graph.background import spawn
 from graph.errors import SessionRejected
 from graph.messages import Interrupt, Message
@@ -244,6 +245,7 @@ async def _main(fd: int, name: str) -> int:
         link.send("failed", "", f"{type(exc).__name__}: {exc}")
         await link.drain()
         return 1
+    heap.settle()  # the loaded model must not stall the loop in a full garbage collection
     link.credit_delay_s = credit_delay_s(min(runtime.limits.edge_capacity, runtime.limits.output_capacity))
     link.send("ready", "", {"resources": resource_facts(runtime)})  # the server logs the time
     await EngineServer(link, runtime, steps).serve()

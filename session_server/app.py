@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from graph import heap
 from session_server.auth import ApiKeyMiddleware
 from session_server.http_errors import install_error_handlers
 from session_server.request_size import RequestSizeLimit
@@ -109,6 +110,7 @@ async def _load(state: ServerState, on_failure: Callable[[], None] | None, on_re
         if on_failure is not None:
             on_failure()
         return
+    heap.settle()  # what startup loaded (here, or in the engines: each settles its own) is never walked again
     log.info("ready in %.2fs: model %s", time.perf_counter() - started, state.settings.model_id)
     if on_ready is not None:
         on_ready()
