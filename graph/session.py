@@ -127,10 +127,9 @@ class PlaybackClock:
         if self._started_at is not None:
             anchor = self._started_at if self._requested_at is None else self._requested_at
             return anchor + self._seconds - self.margin_s
-        if self._requested_at is not None:
-            return self._requested_at - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
-        if self._paused_at is not None:
-            return self._paused_at - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
+        asked = self._requested_at if self._requested_at is not None else self._paused_at
+        if asked is not None:  # a reply asked for, or as if asked for at the pause
+            return asked - self.margin_s + stages_out * FIRST_AUDIO_STAGE_S
         return time.monotonic()
 
     def release(self) -> float:
