@@ -11,6 +11,13 @@ found by then is reported, with the levels it tried.
 
 Idle memory: `idle_memory` opens N sessions that send nothing and reads the server's resident
 memory (engine processes included) before and after: the cost of a connected, silent session.
+
+Streaming cost: `streaming_cost` opens N sessions that stream silence at wall-clock pace (20 ms
+appends, server VAD on, as a listening user's microphone) and measures the CPU time the server
+(engines included) and the load generator spend per append: what every live session costs
+before anyone speaks. At 64 sessions on the 2-vCPU development VM that was about half of all
+the CPU of a 64-session level (docs/batching.md, twelfth session). It moves less with how busy
+the machine is than time to first audio, so alternated runs show small changes to the audio path.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import websockets
+
+from benchmarks.realtime import _SILENCE_MESSAGE, CHUNK_MS, SAMPLE_RATE, _Pacer
 
 GOAL_RATIO = 2.0
 
@@ -91,3 +100,51 @@ async def idle_memory(ws_url: str, model_id: str, api_key: str | None, sessions:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
     return {"sessions": sessions, "rss_mb_before": round(before, 1), "rss_mb_after": round(after, 1),
             "rss_mb_per_idle_session": round(max(after - before, 0.0) / max(sessions, 1), 2)}
+
+
+async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessions: int,
+                         server_cpu_s: Callable[[], float], seconds: float = 10.0, warmup_s: float = 2.0) -> dict[str, Any]:
+    """CPU per append of `sessions` sessions streaming silence for `seconds` (after `warmup_s`):
+    the server's (`server_cpu_s()`: its CPU seconds so far, engines included) and this process's."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    update = json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "output_modalities": ["audio"],
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": {"type": "server_vad"}}}}})
+    stop = asyncio.Event()
+    sent = [0]
+
+    async def stream(ws: Any) -> None:
+        pacer = _Pacer()
+        while not stop.is_set():
+            await pacer.tick()
+            await ws.send(_SILENCE_MESSAGE)
+            sent[0] += 1
+
+    async def drain(ws: Any) -> None:
+        async for _ in ws:
+            pass
+
+    sockets, tasks = [], []
+    try:
+        for _ in range(sessions):
+            ws = await websockets.connect(f"{ws_url}/v1/realtime?model={model_id}", additional_headers=headers, max_size=None)
+            sockets.append(ws)
+            await ws.send(update)
+            tasks += [asyncio.create_task(stream(ws)), asyncio.create_task(drain(ws))]
+        await asyncio.sleep(warmup_s)
+        appends, server_before, client_before, started = sent[0], server_cpu_s(), time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        appends, server_cpu, client_cpu = sent[0] - appends, server_cpu_s() - server_before, time.process_time() - client_before
+        wall = time.perf_counter() - started
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    per_append = 1e6 / max(appends, 1)
+    return {
+        "sessions": sessions, "seconds": round(wall, 2), "appends": appends, "chunk_ms": CHUNK_MS,
+        "server_cpu_percent": round(100 * server_cpu / wall, 1), "server_us_per_append": round(server_cpu * per_append, 1),
+        "client_cpu_percent": round(100 * client_cpu / wall, 1), "client_us_per_append": round(client_cpu * per_append, 1),
+    }

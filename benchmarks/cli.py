@@ -251,6 +251,10 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
                 with ResourceMonitor(server.pid) as monitor:
                     doc["realtime"]["idle_memory"] = asyncio.run(capacity.idle_memory(
                         server.ws_url, server.model_id, args.api_key, idle_count, monitor.rss_mb))
+                    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the load generator's loop, as in the levels
+                        doc["realtime"]["streaming"] = runner.run(capacity.streaming_cost(
+                            server.ws_url, server.model_id, args.api_key, idle_count, monitor.cpu_seconds,
+                            seconds=1.0 if args.quick else 10.0, warmup_s=0.5 if args.quick else 2.0))
                 time.sleep(0.5)
             one = next((n for n in levels if n["sessions"] == 1 and n.get("arrivals") != "spread" and "skipped" not in n), None)
             if args.find_capacity and one is not None and one["ttfa_from_speech_stopped_ms"].get("p50"):

@@ -173,6 +173,11 @@ def render(doc: dict[str, Any]) -> str:
             if idle:
                 out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
                            "RSS MB/sess above: per talking session (peak during the level)")
+            streaming = realtime.get("streaming")
+            if streaming:
+                out.append(f"streaming: {streaming['sessions']} sessions sending silence ({streaming['chunk_ms']} ms appends, server VAD, nobody speaking): "
+                           f"server {_fmt(streaming['server_cpu_percent'], 1)}% of a core ({_fmt(streaming['server_us_per_append'], 1)} us per append), "
+                           f"load generator {_fmt(streaming['client_cpu_percent'], 1)}% ({_fmt(streaming['client_us_per_append'], 1)} us per append)")
             found = realtime.get("capacity")
             if found:
                 tried = ", ".join(f"{n} {'pass' if ok else 'fail'}" for n, ok in found["tried"].items())

@@ -208,6 +208,10 @@ class ResourceMonitor:
                 total += times.user + times.system
         return total
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the watched process(es) have used so far, seconds."""
+        return self._cpu_total()
+
     def rss_mb(self) -> float:
         """Resident memory now, MB (children included), inside the `with` block."""
         return self._rss_mb()

@@ -59,6 +59,14 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
         assert level["server"]["rss_mb"] > 0
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
 
+    # The streaming cost: the 2 sessions sent silence at 20 ms pace for ~1 s, and both
+    # processes' CPU per append came out of it.
+    streaming = doc["realtime"]["streaming"]
+    assert streaming["sessions"] == 2 and streaming["chunk_ms"] == 20
+    assert 50 <= streaming["appends"] <= 2 * streaming["seconds"] * 1000 / 20 + 4
+    assert streaming["server_us_per_append"] > 0 and streaming["client_us_per_append"] > 0
+    assert streaming["server_cpu_percent"] > 0
+
     # WebRTC: one call, its turn answered with audio on the server's track.
     (call,) = doc["webrtc"]["levels"]
     assert call["sessions"] == 1 and call["errors"]["count"] == 0, call["errors"]
@@ -75,7 +83,7 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
     assert doc["speech"]["batch"]["succeeded"] == 2
 
     # The table, the JSON and the plot all came out.
-    assert "TTFA stop p50/95/99 ms" in out and "batch of 2" in out
+    assert "TTFA stop p50/95/99 ms" in out and "batch of 2" in out and "streaming: 2 sessions sending silence" in out
     assert (tmp_path / "quick.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "quick.json").read_text())["server"]["url"] == server.base_url
 
