@@ -30,7 +30,8 @@ from typing import Any
 
 import websockets
 
-from benchmarks.realtime import _SILENCE_MESSAGE, CHUNK_MS, SAMPLE_RATE, _Pacer
+from benchmarks.realtime import CHUNK_MS, SAMPLE_RATE, SILENCE_MESSAGE, Pacer
+from benchmarks.server import auth_headers
 
 GOAL_RATIO = 2.0
 
@@ -85,7 +86,7 @@ def search(run_spread_level: Callable[[int], dict[str, Any]], levels: list[dict[
 async def idle_memory(ws_url: str, model_id: str, api_key: str | None, sessions: int,
                       rss_mb: Callable[[], float], settle_s: float = 2.0) -> dict[str, Any]:
     """Resident memory of the server with `sessions` connected, silent sessions, per session."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     before = rss_mb()
     sockets = []
     try:
@@ -106,19 +107,19 @@ async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessio
                          server_cpu_s: Callable[[], float], seconds: float = 10.0, warmup_s: float = 2.0) -> dict[str, Any]:
     """CPU per append of `sessions` sessions streaming silence for `seconds` (after `warmup_s`):
     the server's (`server_cpu_s()`: its CPU seconds so far, engines included) and this process's."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     update = json.dumps({"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["audio"],
         "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": {"type": "server_vad"}}}}})
-    stop = asyncio.Event()
-    sent = [0]
+    sent = 0
 
-    async def stream(ws: Any) -> None:
-        pacer = _Pacer()
-        while not stop.is_set():
+    async def stream(ws: Any) -> None:  # until cancelled
+        nonlocal sent
+        pacer = Pacer()
+        while True:
             await pacer.tick()
-            await ws.send(_SILENCE_MESSAGE)
-            sent[0] += 1
+            await ws.send(SILENCE_MESSAGE)
+            sent += 1
 
     async def drain(ws: Any) -> None:
         async for _ in ws:
@@ -132,12 +133,11 @@ async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessio
             await ws.send(update)
             tasks += [asyncio.create_task(stream(ws)), asyncio.create_task(drain(ws))]
         await asyncio.sleep(warmup_s)
-        appends, server_before, client_before, started = sent[0], server_cpu_s(), time.process_time(), time.perf_counter()
+        appends, server_before, client_before, started = sent, server_cpu_s(), time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
-        appends, server_cpu, client_cpu = sent[0] - appends, server_cpu_s() - server_before, time.process_time() - client_before
+        appends, server_cpu, client_cpu = sent - appends, server_cpu_s() - server_before, time.process_time() - client_before
         wall = time.perf_counter() - started
     finally:
-        stop.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

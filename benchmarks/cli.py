@@ -309,9 +309,11 @@ def server_counts(base_url: str, api_key: str | None) -> ServerCounts:
     """The server's batch and node-event counters; empty if /metrics is unreadable."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from benchmarks.server import auth_headers
+
     counts = ServerCounts({}, {})
     try:
-        text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=10).text
+        text = httpx.get(base_url + "/metrics", headers=auth_headers(api_key), timeout=10).text
     except httpx.HTTPError:
         return counts
     batches: dict[str, list[float]] = {}

@@ -33,6 +33,7 @@ from typing import Any
 
 from benchmarks.fixtures import SAMPLE_RATE, Utterance, pcm16
 from benchmarks.stats import busy_seconds, simulate_playback, summarize
+from benchmarks.server import auth_headers
 
 CHUNK_MS = 20
 CHUNK_SAMPLES = SAMPLE_RATE * CHUNK_MS // 1000
@@ -190,7 +191,7 @@ class _Session:
             session["audio"]["output"]["voice"] = self.settings.voice
         await ws.send(json.dumps({"type": "session.update", "session": session}))
         await self._wait_updated(30)
-        clock = _Pacer()
+        clock = Pacer()
         for turn_index, utterance in enumerate(self.utterances):
             if self.closed.is_set():
                 if not self._explained:
@@ -211,13 +212,13 @@ class _Session:
                     self.result.errors.append("turn_timeout")
                     break
                 await clock.tick()
-                await ws.send(_SILENCE_MESSAGE)
+                await ws.send(SILENCE_MESSAGE)
             if self.turn.error:
                 break
             gap_end = time.perf_counter() + self.settings.gap_s
             while time.perf_counter() < gap_end and not self.closed.is_set():
                 await clock.tick()
-                await ws.send(_SILENCE_MESSAGE)
+                await ws.send(SILENCE_MESSAGE)
         self.result.client_lag_s = clock.worst_lag_s
 
     async def _wait_updated(self, timeout: float) -> None:
@@ -300,7 +301,7 @@ class _Session:
             self.turn_done.set()
 
 
-class _Pacer:
+class Pacer:
     """Wall-clock pacing at one 20 ms chunk per tick, on an absolute schedule (no drift)."""
 
     def __init__(self) -> None:
@@ -325,7 +326,7 @@ def _append_message(audio: bytes) -> str:
 
 # The load generator encodes each utterance's events once, not per session and turn: on a small
 # machine its CPU is taken from the server it measures.
-_SILENCE_MESSAGE = _append_message(bytes(CHUNK_SAMPLES * 2))
+SILENCE_MESSAGE = _append_message(bytes(CHUNK_SAMPLES * 2))
 _ENCODED: dict[int, tuple[Utterance, list[str]]] = {}  # by id(); holds the utterance, so ids are not reused
 
 
@@ -348,7 +349,7 @@ async def run_level(ws_url: str, model_id: str, api_key: str | None, sessions: i
     """Run `sessions` concurrent sessions to the end; returns their results and the wall time."""
     rng = random.Random(settings.seed * 1000 + sessions)
     url = f"{ws_url}/v1/realtime?model={model_id}"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     clients = []
     for index in range(sessions):
         picks = [utterances[rng.randrange(len(utterances))] for _ in range(settings.turns)]

@@ -137,9 +137,13 @@ def _tail(path: Path, lines: int = 20) -> str:
     return ""
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The request headers that carry the server's API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def remote_model_id(base_url: str, api_key: str | None) -> str:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.get(base_url + "/v1/models", headers=headers, timeout=10)
+    response = httpx.get(base_url + "/v1/models", headers=auth_headers(api_key), timeout=10)
     response.raise_for_status()
     return response.json()["data"][0]["id"]
 

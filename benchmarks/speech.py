@@ -23,6 +23,7 @@ import httpx
 
 from benchmarks.fixtures import SENTENCES
 from benchmarks.stats import summarize
+from benchmarks.server import auth_headers
 
 OUTPUT_RATE = 24000
 
@@ -177,7 +178,7 @@ async def run_batch(client: httpx.AsyncClient, model_id: str, settings: SpeechSe
 
 async def run(base_url: str, model_id: str, api_key: str | None, settings: SpeechSettings, deadline: float | None = None) -> dict[str, Any]:
     """Every level (file and SSE), then the batch request; levels past `deadline` (monotonic) are skipped."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     limits = httpx.Limits(max_connections=max(settings.concurrency) + 4, max_keepalive_connections=max(settings.concurrency) + 4)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=settings.request_timeout_s, limits=limits) as client:
         levels: list[dict[str, Any]] = []
