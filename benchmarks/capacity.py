@@ -83,18 +83,24 @@ def search(run_spread_level: Callable[[int], dict[str, Any]], levels: list[dict[
     }
 
 
+async def _open(ws_url: str, model_id: str, api_key: str | None, sessions: int, sockets: list[Any]) -> None:
+    """Open `sessions` realtime sessions into `sockets` (the caller closes them), each confirmed by
+    its `session.created`. A session the server refuses raises websockets' `ConnectionClosed`
+    (its close reason, e.g. `session_limit_reached`)."""
+    for _ in range(sessions):
+        ws = await websockets.connect(f"{ws_url}/v1/realtime?model={model_id}", additional_headers=auth_headers(api_key), max_size=None)
+        sockets.append(ws)
+        while json.loads(await ws.recv())["type"] != "session.created":
+            pass
+
+
 async def idle_memory(ws_url: str, model_id: str, api_key: str | None, sessions: int,
                       rss_mb: Callable[[], float], settle_s: float = 2.0) -> dict[str, Any]:
     """Resident memory of the server with `sessions` connected, silent sessions, per session."""
-    headers = auth_headers(api_key)
     before = rss_mb()
-    sockets = []
+    sockets: list[Any] = []
     try:
-        for _ in range(sessions):
-            ws = await websockets.connect(f"{ws_url}/v1/realtime?model={model_id}", additional_headers=headers, max_size=None)
-            sockets.append(ws)
-            while json.loads(await ws.recv())["type"] != "session.created":
-                pass
+        await _open(ws_url, model_id, api_key, sessions, sockets)
         await asyncio.sleep(settle_s)
         after = rss_mb()
     finally:
@@ -107,7 +113,6 @@ async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessio
                          server_cpu_s: Callable[[], float], seconds: float = 10.0, warmup_s: float = 2.0) -> dict[str, Any]:
     """CPU per append of `sessions` sessions streaming silence for `seconds` (after `warmup_s`):
     the server's (`server_cpu_s()`: its CPU seconds so far, engines included) and this process's."""
-    headers = auth_headers(api_key)
     update = json.dumps({"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["audio"],
         "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": {"type": "server_vad"}}}}})
@@ -125,11 +130,11 @@ async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessio
         async for _ in ws:
             pass
 
-    sockets, tasks = [], []
+    sockets: list[Any] = []
+    tasks: list[asyncio.Task[None]] = []
     try:
-        for _ in range(sessions):
-            ws = await websockets.connect(f"{ws_url}/v1/realtime?model={model_id}", additional_headers=headers, max_size=None)
-            sockets.append(ws)
+        await _open(ws_url, model_id, api_key, sessions, sockets)
+        for ws in sockets:
             await ws.send(update)
             tasks += [asyncio.create_task(stream(ws)), asyncio.create_task(drain(ws))]
         await asyncio.sleep(warmup_s)

@@ -195,6 +195,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _session_probe(sessions: int, probe: Any) -> dict[str, Any]:
+    """Run one of the probes that hold `sessions` sessions open (capacity.py) on the load
+    generator's loop, as the levels run; a server that refuses or drops them (its session limit)
+    gives the reason, not a traceback that ends the run."""
+    import websockets
+
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            return runner.run(probe)
+    except (OSError, websockets.exceptions.WebSocketException) as exc:
+        return {"sessions": sessions, "error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out) -> None:
     from benchmarks import capacity, realtime, speech
     from benchmarks.server import ManagedServer, ResourceMonitor, ServerHandle, remote_model_id
@@ -249,12 +262,11 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             idle_count = max((*sessions, *spread_sessions))
             if server.pid is not None and time.monotonic() < deadline:
                 with ResourceMonitor(server.pid) as monitor:
-                    doc["realtime"]["idle_memory"] = asyncio.run(capacity.idle_memory(
+                    doc["realtime"]["idle_memory"] = _session_probe(idle_count, capacity.idle_memory(
                         server.ws_url, server.model_id, args.api_key, idle_count, monitor.rss_mb))
-                    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the load generator's loop, as in the levels
-                        doc["realtime"]["streaming"] = runner.run(capacity.streaming_cost(
-                            server.ws_url, server.model_id, args.api_key, idle_count, monitor.cpu_seconds,
-                            seconds=1.0 if args.quick else 10.0, warmup_s=0.5 if args.quick else 2.0))
+                    doc["realtime"]["streaming"] = _session_probe(idle_count, capacity.streaming_cost(
+                        server.ws_url, server.model_id, args.api_key, idle_count, monitor.cpu_seconds,
+                        seconds=1.0 if args.quick else 10.0, warmup_s=0.5 if args.quick else 2.0))
                 time.sleep(0.5)
             one = next((n for n in levels if n["sessions"] == 1 and n.get("arrivals") != "spread" and "skipped" not in n), None)
             if args.find_capacity and one is not None and one["ttfa_from_speech_stopped_ms"].get("p50"):

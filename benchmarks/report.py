@@ -170,11 +170,15 @@ def render(doc: dict[str, Any]) -> str:
                     f"{level['node_events'].get('thinker.early_prefill_dropped', 0)} dropped of {level['node_events']['thinker.early_prefill']}"
                     for level in early))
             idle = realtime.get("idle_memory")
-            if idle:
+            if idle and "error" in idle:
+                out.append(f"memory: not measured ({idle['sessions']} idle sessions: {idle['error']})")
+            elif idle:
                 out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
                            "RSS MB/sess above: per talking session (peak during the level)")
             streaming = realtime.get("streaming")
-            if streaming:
+            if streaming and "error" in streaming:
+                out.append(f"streaming: not measured ({streaming['sessions']} sessions: {streaming['error']})")
+            elif streaming:
                 out.append(f"streaming: {streaming['sessions']} sessions sending silence ({streaming['chunk_ms']} ms appends, server VAD, nobody speaking): "
                            f"server {_fmt(streaming['server_cpu_percent'], 1)}% of a core ({_fmt(streaming['server_us_per_append'], 1)} us per append), "
                            f"load generator {_fmt(streaming['client_cpu_percent'], 1)}% ({_fmt(streaming['client_us_per_append'], 1)} us per append)")

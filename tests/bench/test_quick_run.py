@@ -98,3 +98,18 @@ async def test_sessions_the_server_refuses_are_counted_as_errors_by_kind(tmp_pat
     # One refusal is one error: the close and the dropped connection that follow it are the same failure.
     assert level["errors"] == {"count": 1, "by_kind": {"error: session_limit_reached": 1}}
     assert level["server"]["cpu_percent"] is None  # no --server-pid: not ours to watch
+
+
+async def test_probes_the_server_refuses_report_why_and_the_run_goes_on(tmp_path, capsys):
+    profile = realtime_profile(reply={"words": 2, "chunk_ms": 100}, limits={"max_sessions": 1})
+    async with running_server(profile) as server:
+        args = ["realtime", "--sessions", "2", "--turns", "1", "--stagger", "0.3", "--quick", "--url", server.base_url,
+                "--server-pid", str(os.getpid()), "--out", str(tmp_path), "--name", "probes", "--fixtures", "synthetic"]
+        assert await asyncio.to_thread(main, args) == 0
+    realtime = report.load_json(tmp_path / "probes.json")["realtime"]
+    # Both probes hold 2 sessions open; the server admits 1 and closes the other with its reason.
+    for probe in ("idle_memory", "streaming"):
+        assert realtime[probe]["sessions"] == 2
+        assert "session_limit_reached" in realtime[probe]["error"]
+    out = capsys.readouterr().out
+    assert "memory: not measured (2 idle sessions: " in out and "streaming: not measured (2 sessions: " in out
