@@ -136,8 +136,8 @@ async def streaming_cost(ws_url: str, model_id: str, api_key: str | None, sessio
     try:
         await _open(ws_url, model_id, api_key, sessions, sockets)
         # Independent microphones: the sessions' 20 ms ticks spread evenly over a tick. Started in
-        # step, they measured 135-143 us per append against 189-190 spread (two pairs; the server takes many
-        # appends per wake-up, and the engines larger VAD batches).
+        # step, they measured 135-143 us per append against 189-190 spread (two pairs): the server
+        # then takes many appends per wake-up, and the engines make larger VAD batches.
         for index, ws in enumerate(sockets):
             await ws.send(update)
             tasks += [asyncio.create_task(stream(ws, index / len(sockets) * CHUNK_MS / 1000)), asyncio.create_task(drain(ws))]
