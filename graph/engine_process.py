@@ -34,7 +34,7 @@ import socket
 import sys
 from typing import Any
 
-from graph import heap
+from graph import heap, sched
 from graph.background import spawn
 from graph.errors import SessionRejected
 from graph.messages import Interrupt, Message
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sched.normal_for_compute()  # the server's SCHED_BATCH is inherited; compute must not wait behind its wake-ups
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {args.name} %(name)s: %(message)s")
     # The stock loop, not uvloop: the inline compute pool reads what the loop is about to run

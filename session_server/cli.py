@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "profile's realtime.compat): sglang-omni-v0 = sglang-omni v0.1.1's beta events, text "
                             "replies and user transcripts by default; default: OpenAI Realtime GA")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
+    serve.add_argument("--server-sched", choices=("batch", "normal"), default="batch",
+                       help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH, the default: "
+                            "its wake-ups, one per client message, do not preempt an engine mid-computation; the engines keep "
+                            "the normal policy) or normal")
     serve.add_argument(
         "--webrtc-candidates", choices=CANDIDATE_POLICIES,
         help="host ICE candidates of WebRTC calls (the profile's webrtc.candidates); default: the profile's, "
@@ -134,12 +138,22 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
     from session_server.server import run_blocking, run_server
     from session_server.state import ServerState, Settings
 
+    if spec.compute_engines:  # with no engine processes the server computes itself: nothing to yield to
+        _set_server_sched(args.server_sched)
     metrics = ServerMetrics()
     runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
     log.info("listening on http://%s:%d; loading the model (/health answers 503 until ready)", args.host, args.port)
     settings = Settings(model_id=runtime.model_id, api_key=args.api_key, enable_realtime=args.enable_realtime, profile=profile)
     state = ServerState(runtime, settings, metrics)
     return run_blocking(run_server(state, create_app, args.host, args.port, args.log_level, sock=sock))
+
+
+def _set_server_sched(policy: str) -> None:
+    """Before the engines start: they inherit the policy and put themselves back (graph/sched.py)."""
+    from graph import sched
+
+    if sched.apply(policy) != policy:
+        log.warning("--server-sched %s is not available here; the server keeps the normal policy", policy)
 
 
 def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ import socket
 import httpx
 import numpy as np
 import psutil
+import pytest
 import websockets
 import yaml
 
@@ -30,6 +31,7 @@ from graph.messages import (
     ReplyParams,
     TurnMeta,
 )
+from graph.sched import policy_of
 from graph.wire import Link
 from tests.conftest import free_port, http_client, running_server, serve_process
 from tests.realtime.client import RawClient, append_pcm, sdk_client, until, utterance
@@ -233,3 +235,15 @@ def test_sigterm_lets_a_live_reply_in_an_engine_finish_then_exits_zero(tmp_path)
     assert events[-1]["reason"] == "server_shutdown"
     assert process.returncode == 0, output
     assert all(not psutil.pid_exists(pid) for pid in engine_pids)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_server_runs_as_sched_batch_and_its_engines_as_normal(tmp_path):
+    # The server's wake-ups must not preempt an engine mid-unit; the engines put themselves back
+    # to the normal policy they would otherwise inherit (graph/sched.py).
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump(engine_profile(words=2, delay_s=0.01)))
+    with serve_process(config, free_port()) as process:
+        [engine_pid] = [child.pid for child in psutil.Process(process.pid).children()]
+        assert policy_of(process.pid) == "batch"
+        assert policy_of(engine_pid) == "normal"
