@@ -129,7 +129,9 @@ def render(doc: dict[str, Any]) -> str:
             out.append(f"realtime: skipped ({realtime['skipped']})")
         else:
             settings = doc.get("settings", {}).get("realtime", {})
-            out.append(f"realtime over WebSocket: {settings.get('turns', '?')} turns/session, 20 ms chunks at wall-clock pace, max_output_tokens {settings.get('max_output_tokens')}")
+            server_sched = doc.get("server", {}).get("sched")
+            out.append(f"realtime over WebSocket: {settings.get('turns', '?')} turns/session, 20 ms chunks at wall-clock pace, max_output_tokens {settings.get('max_output_tokens')}"
+                       + (f", server scheduled {server_sched}" if server_sched else ""))
             rows = []
             for level in realtime["levels"]:
                 server = level.get("server") or {}

@@ -68,8 +68,9 @@ class ManagedServer:
     """A server subprocess for the length of a `with` block."""
 
     def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0,
-                 unit_trace: str | None = None):
+                 unit_trace: str | None = None, sched: str | None = None):
         self.config = config
+        self.sched = sched
         self.unit_trace = unit_trace
         self.max_sessions = max_sessions
         self.log_path = log_path
@@ -92,6 +93,8 @@ class ManagedServer:
         command = [sys.executable, "-m", "session_server.cli", "serve", "--enable-realtime", "--host", "127.0.0.1", "--port", str(port), "--config", str(self.profile_path), "--log-level", "warning"]
         if self.api_key:
             command += ["--api-key", self.api_key]
+        if self.sched:
+            command += ["--server-sched", self.sched]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed with it
         started = time.perf_counter()
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -58,6 +58,8 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
         assert level["events_per_s"] > 0 and level["generation_text_tok_per_s"] > 0  # 4 words a reply
         assert level["server"]["rss_mb"] > 0
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
+    # The report says how the server was scheduled (here it is this process's main thread).
+    assert doc["server"]["sched"] == "normal" and "server scheduled normal" in out
 
     # The streaming cost: the 2 sessions sent silence at 20 ms pace for ~1 s, and both
     # processes' CPU per append came out of it.
