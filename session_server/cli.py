@@ -21,6 +21,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from graph import sched
+
 log = logging.getLogger("sgl_omni")
 
 # Commands implemented outside the transport layer, reached by name so that session_server
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "profile's realtime.compat): sglang-omni-v0 = sglang-omni v0.1.1's beta events, text "
                             "replies and user transcripts by default; default: OpenAI Realtime GA")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
-    serve.add_argument("--server-sched", choices=("batch", "normal"), default="batch",
+    serve.add_argument("--server-sched", choices=sched.POLICIES, default="batch",
                        help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH, the default: "
                             "its wake-ups, one per client message, do not preempt an engine mid-computation; the engines keep "
                             "the normal policy) or normal")
@@ -150,8 +152,6 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
 
 def _set_server_sched(policy: str) -> None:
     """Before the engines start: they inherit the policy and put themselves back (graph/sched.py)."""
-    from graph import sched
-
     if sched.apply(policy) != policy:
         log.warning("--server-sched %s is not available here; the server keeps the normal policy", policy)
 
