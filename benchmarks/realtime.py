@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.fixtures import SAMPLE_RATE, Utterance, pcm16
-from benchmarks.stats import busy_seconds, simulate_playback, summarize
 from benchmarks.server import auth_headers
+from benchmarks.stats import busy_seconds, simulate_playback, summarize
 
 CHUNK_MS = 20
 CHUNK_SAMPLES = SAMPLE_RATE * CHUNK_MS // 1000

@@ -182,7 +182,7 @@ class ResourceMonitor:
         try:
             self._process = psutil.Process(self.pid)
             self.baseline_rss_mb = self._rss_mb()
-            self._cpu_times = self._cpu_total()
+            self._cpu_times = self.cpu_seconds()
             self._cpu_at = time.perf_counter()
             psutil.cpu_percent()  # starts the machine-wide measurement window
         except psutil.Error:
@@ -205,7 +205,8 @@ class ResourceMonitor:
                 return [self._process, *self._process.children(recursive=True)]
         return [self._process]
 
-    def _cpu_total(self) -> float:
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the watched process(es) have used so far, seconds."""
         import psutil
 
         total = 0.0
@@ -214,10 +215,6 @@ class ResourceMonitor:
                 times = process.cpu_times()
                 total += times.user + times.system
         return total
-
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) the watched process(es) have used so far, seconds."""
-        return self._cpu_total()
 
     def rss_mb(self) -> float:
         """Resident memory now, MB (children included), inside the `with` block."""
@@ -237,7 +234,7 @@ class ResourceMonitor:
 
         while not self._stop.wait(self.interval_s):
             now = time.perf_counter()
-            cpu = self._cpu_total()
+            cpu = self.cpu_seconds()
             percent = 100.0 * (cpu - self._cpu_times) / max(now - self._cpu_at, 1e-6)
             self._cpu_times, self._cpu_at = cpu, now
             self.samples.append(ResourceSample(percent, self._rss_mb(), psutil.cpu_percent()))

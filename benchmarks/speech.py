@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from benchmarks.fixtures import SENTENCES
-from benchmarks.stats import summarize
 from benchmarks.server import auth_headers
+from benchmarks.stats import summarize
 
 OUTPUT_RATE = 24000
 
