@@ -28,7 +28,7 @@ import httpx
 
 from benchmarks import report
 from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
-from graph.sched import POLICIES, policy_of
+from graph.sched import POLICIES, SERVER_DEFAULT, policy_of
 
 SCENARIOS = ("realtime", "webrtc", "speech", "components")
 
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--server-pid", type=int, help="with --url: the server's pid, to sample its CPU and memory")
     target.add_argument("--config", help="profile for the server the harness starts (and for `components`); default: the embedded CPU profile")
     target.add_argument("--api-key", default=os.environ.get("SGL_OMNI_API_KEY"), help="Bearer key (env SGL_OMNI_API_KEY)")
-    target.add_argument("--server-sched", choices=POLICIES, help="the started server's `serve --server-sched` (default: its default, batch); "
-                        "the report records the server's policy either way")
+    target.add_argument("--server-sched", choices=POLICIES, help=f"the started server's `serve --server-sched` (default: {SERVER_DEFAULT}); the report records "
+                        "it, and each level how much of it the server ran as SCHED_BATCH")
     target.add_argument("--unit-trace", metavar="DIR", help="the server the harness starts records its engines' units of compute into DIR "
                         "(compute.unit_trace); the report then says what the slowest turns of each level waited on (benchmarks/unit_trace.py)")
     load = parser.add_argument_group("load")
@@ -230,7 +230,7 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace, sched=args.server_sched)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path,
-                         "sched": policy_of(server.pid)}
+                         "sched": (args.server_sched or SERVER_DEFAULT) if server.started_by_harness else policy_of(server.pid)}
         if "realtime" in scenarios:
             levels = []
             spread_settings = dataclasses.replace(realtime_settings, stagger_s=args.spread, turns=args.spread_turns)

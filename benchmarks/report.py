@@ -171,6 +171,10 @@ def render(doc: dict[str, Any]) -> str:
                     f"N={level_label(level)} {level['node_events'].get('thinker.early_prefill_confirmed', 0)} confirmed, "
                     f"{level['node_events'].get('thinker.early_prefill_dropped', 0)} dropped of {level['node_events']['thinker.early_prefill']}"
                     for level in early))
+            scheduled = [level for level in realtime["levels"] if (level.get("server") or {}).get("sched_batch_share") is not None]
+            if scheduled and server_sched == "adaptive":
+                out.append("server as SCHED_BATCH (share of the level; adaptive: batch once the machine is busy): " + ", ".join(
+                    f"N={level_label(level)} {level['server']['sched_batch_share']:.0%}" for level in scheduled))
             idle = realtime.get("idle_memory")
             if idle and "error" in idle:
                 out.append(f"memory: not measured ({idle['sessions']} idle sessions: {idle['error']})")

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from graph.sched import policy_of
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -156,6 +158,7 @@ class ResourceSample:
     cpu_percent: float  # of one core (100 = one core busy)
     rss_mb: float
     machine_cpu_percent: float  # all processes on the machine, of all cores (100 = every core busy)
+    sched: str | None  # the watched process's scheduling policy (graph/sched.py), None where unknown
 
 
 @dataclass
@@ -237,11 +240,12 @@ class ResourceMonitor:
             cpu = self.cpu_seconds()
             percent = 100.0 * (cpu - self._cpu_times) / max(now - self._cpu_at, 1e-6)
             self._cpu_times, self._cpu_at = cpu, now
-            self.samples.append(ResourceSample(percent, self._rss_mb(), psutil.cpu_percent()))
+            self.samples.append(ResourceSample(percent, self._rss_mb(), psutil.cpu_percent(), policy_of(self.pid)))
 
     def summary(self, sessions: int) -> dict[str, float | None]:
         if self.pid is None or not self.samples:
-            return {"cpu_percent": None, "cpu_percent_per_session": None, "rss_mb": None, "rss_mb_baseline": None, "rss_mb_per_session": None, "machine_cpu_percent": None}
+            return {"cpu_percent": None, "cpu_percent_per_session": None, "rss_mb": None, "rss_mb_baseline": None, "rss_mb_per_session": None, "machine_cpu_percent": None,
+                    "sched_batch_share": None}
         cpu = sum(s.cpu_percent for s in self.samples) / len(self.samples)
         peak = max(s.rss_mb for s in self.samples)
         baseline = self.baseline_rss_mb or peak
@@ -253,7 +257,14 @@ class ResourceMonitor:
             "rss_mb_per_session": round(max(peak - baseline, 0.0) / max(sessions, 1), 2),
             # Everything on the machine (the harness, the server, anything else running).
             "machine_cpu_percent": round(sum(s.machine_cpu_percent for s in self.samples) / len(self.samples), 1),
+            # How much of the block the server process ran as SCHED_BATCH (`--server-sched adaptive`
+            # switches with the machine's load).
+            "sched_batch_share": self._batch_share(),
         }
+
+    def _batch_share(self) -> float | None:
+        known = [s.sched for s in self.samples if s.sched is not None]
+        return round(known.count("batch") / len(known), 2) if known else None
 
     def cpu_percent(self) -> float | None:
         """Mean CPU of the watched process(es), % of one core."""

@@ -6,8 +6,12 @@ write often preempts the task running on that core. The server wakes for every c
 and every engine frame (thousands a second at 64 sessions), and each wake-up can land in the
 middle of an engine's first-audio unit. Under SCHED_BATCH a thread keeps its full share of the
 CPU (its nice weight is unchanged) but its wake-ups do not preempt: it runs when a core is free
-or the running task's slice ends. So the server runs as SCHED_BATCH and its engines as normal
-(`sgl-omni serve --server-sched`); docs/batching.md (thirteenth session) has the measurements.
+or the running task's slice ends. That costs what the server forwards: woken on a core an engine
+holds, it waits for the slice's end (up to a 4 ms tick) instead of running at once, which an
+idle machine need not pay. So by default the server follows the machine's load (`adaptive`):
+normal while most of the cores are idle, SCHED_BATCH once they are busy
+(`sgl-omni serve --server-sched`; docs/batching.md, thirteenth and fourteenth sessions, has the
+measurements). The engines always run as normal.
 
 A policy applies to the calling thread; threads and processes it starts later inherit it, so an
 engine process puts itself back to normal (`normal_for_compute`).
@@ -15,16 +19,29 @@ engine process puts itself back to normal (`normal_for_compute`).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+from collections.abc import Callable
 
-POLICIES = ("batch", "normal")
+log = logging.getLogger(__name__)
+
+POLICIES = ("adaptive", "batch", "normal")
+SERVER_DEFAULT = "adaptive"  # `sgl-omni serve --server-sched`
+
+# `adaptive`: SCHED_BATCH once more than BATCH_ABOVE of all cores were busy over the last
+# FOLLOW_INTERVAL_S, normal again below NORMAL_BELOW (apart, so that a load near one threshold
+# does not flip the policy every interval).
+BATCH_ABOVE = 0.40
+NORMAL_BELOW = 0.25
+FOLLOW_INTERVAL_S = 0.5
 
 
 def apply(policy: str) -> str:
     """Switch the calling thread to `policy` ("batch" or "normal"). Returns the policy in effect
     after: "normal" where the platform has no SCHED_BATCH or refuses the change."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown scheduling policy {policy!r} (choose from {', '.join(POLICIES)})")
+    if policy not in ("batch", "normal"):
+        raise ValueError(f"unknown scheduling policy {policy!r} (choose from batch, normal)")
     batch = getattr(os, "SCHED_BATCH", None)
     if batch is None:
         return "normal"
@@ -52,3 +69,60 @@ def policy_of(pid: int | None) -> str | None:
     except OSError:
         return None
     return {getattr(os, "SCHED_BATCH", -1): "batch", os.SCHED_OTHER: "normal"}.get(policy, str(policy))
+
+
+class MachineLoad:
+    """The share of all the machine's cores that were busy since the previous reading, from the
+    kernel's CPU counters (`/proc/stat`); None where there are none."""
+
+    def __init__(self, path: str = "/proc/stat"):
+        self.path = path
+        self._last = self._counters()
+
+    def _counters(self) -> tuple[int, int] | None:
+        """(busy, busy + idle) clock ticks of all cores together since boot."""
+        try:
+            with open(self.path) as stat:
+                fields = stat.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 8 or fields[0] != "cpu":
+            return None
+        user, nice, system, idle, iowait, irq, softirq = (int(value) for value in fields[1:8])
+        busy = user + nice + system + irq + softirq  # steal: another guest's time, not this machine's
+        return busy, busy + idle + iowait
+
+    def busy_share(self) -> float | None:
+        now, last = self._counters(), self._last
+        self._last = now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return (now[0] - last[0]) / (now[1] - last[1])
+
+
+class AdaptivePolicy:
+    """`adaptive`: the policy the calling thread should have at the machine's load now
+    (`step`, every FOLLOW_INTERVAL_S), switched only when it changes."""
+
+    def __init__(self, busy_share: Callable[[], float | None], set_policy: Callable[[str], str] = apply):
+        self._busy_share = busy_share
+        self._set_policy = set_policy
+        self.policy = set_policy("normal")
+
+    def step(self) -> str:
+        share = self._busy_share()
+        if share is not None:
+            wanted = "batch" if share > BATCH_ABOVE else "normal" if share < NORMAL_BELOW else self.policy
+            if wanted != self.policy:
+                self.policy = self._set_policy(wanted)
+        return self.policy
+
+
+async def follow_machine_load(interval_s: float = FOLLOW_INTERVAL_S) -> None:
+    """Run on the server's event loop (its thread is the one switched) until cancelled."""
+    policy = AdaptivePolicy(MachineLoad().busy_share)
+    while True:
+        await asyncio.sleep(interval_s)
+        before = policy.policy
+        if policy.step() != before:
+            log.debug("server scheduling: %s -> %s", before, policy.policy)

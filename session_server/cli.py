@@ -3,7 +3,7 @@
     sgl-omni serve [--config FILE] [--model-path DIR] [--enable-realtime] [--host H] [--port P]
                    [--api-key KEY] [--log-level L] [--shutdown-grace S] [--webrtc-candidates C]
                    [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
-                   [--realtime-compat sglang-omni-v0]
+                   [--realtime-compat sglang-omni-v0] [--server-sched adaptive|batch|normal]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -14,12 +14,14 @@ session_server/profile.py). It logs a ready line with the URLs once the model ha
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from graph import sched
 
@@ -58,10 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "profile's realtime.compat): sglang-omni-v0 = sglang-omni v0.1.1's beta events, text "
                             "replies and user transcripts by default; default: OpenAI Realtime GA")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
-    serve.add_argument("--server-sched", choices=sched.POLICIES, default="batch",
-                       help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH, the default: "
-                            "its wake-ups, one per client message, do not preempt an engine mid-computation; the engines keep "
-                            "the normal policy) or normal")
+    serve.add_argument("--server-sched", choices=sched.POLICIES, default=sched.SERVER_DEFAULT,
+                       help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH: its "
+                            "wake-ups, one per client message, do not preempt an engine mid-computation), normal (it forwards "
+                            "at once, even woken on a core an engine holds), or adaptive (the default: normal while most "
+                            "cores are idle, batch once they are busy); the engines keep the normal policy")
     serve.add_argument(
         "--webrtc-candidates", choices=CANDIDATE_POLICIES,
         help="host ICE candidates of WebRTC calls (the profile's webrtc.candidates); default: the profile's, "
@@ -140,20 +143,32 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
     from session_server.server import run_blocking, run_server
     from session_server.state import ServerState, Settings
 
-    if spec.compute_engines:  # with no engine processes the server computes itself: nothing to yield to
-        _set_server_sched(args.server_sched)
+    # With no engine processes the server computes itself: nothing to yield to.
+    server_sched = args.server_sched if spec.compute_engines else None
+    if server_sched in ("batch", "normal"):
+        _set_server_sched(server_sched)
     metrics = ServerMetrics()
     runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
     log.info("listening on http://%s:%d; loading the model (/health answers 503 until ready)", args.host, args.port)
     settings = Settings(model_id=runtime.model_id, api_key=args.api_key, enable_realtime=args.enable_realtime, profile=profile)
     state = ServerState(runtime, settings, metrics)
-    return run_blocking(run_server(state, create_app, args.host, args.port, args.log_level, sock=sock))
+    serving = run_server(state, create_app, args.host, args.port, args.log_level, sock=sock)
+    return run_blocking(_following_machine_load(serving) if server_sched == "adaptive" else serving)
 
 
 def _set_server_sched(policy: str) -> None:
     """Before the engines start: they inherit the policy and put themselves back (graph/sched.py)."""
     if sched.apply(policy) != policy:
         log.warning("--server-sched %s is not available here; the server keeps the normal policy", policy)
+
+
+async def _following_machine_load(serving: Coroutine[Any, Any, int]) -> int:
+    """`--server-sched adaptive`: the event loop's thread switches policy with the machine's load."""
+    follower = asyncio.create_task(sched.follow_machine_load())
+    try:
+        return await serving
+    finally:
+        follower.cancel()
 
 
 def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:

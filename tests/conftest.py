@@ -89,11 +89,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def serve_process(config: Path, port: int) -> Iterator[subprocess.Popen[str]]:
-    """`sgl-omni serve --config CONFIG` as a child process, healthy on 127.0.0.1:PORT; killed after
-    the block if it is still running (a test that stops it itself reads its output)."""
+def serve_process(config: Path, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`sgl-omni serve --config CONFIG [ARGS]` as a child process, healthy on 127.0.0.1:PORT; killed
+    after the block if it is still running (a test that stops it itself reads its output)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime"],
+        [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(port), "--enable-realtime", *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

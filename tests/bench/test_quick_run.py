@@ -60,6 +60,7 @@ async def test_a_quick_run_measures_realtime_sessions_webrtc_calls_and_speech_re
     assert doc["settings"]["fixtures"]["source"] == "synthetic"
     # The report says how the server was scheduled (here it is this process's main thread).
     assert doc["server"]["sched"] == "normal" and "server scheduled normal" in out
+    assert all(level["server"]["sched_batch_share"] == 0.0 for level in levels.values())  # sampled with its CPU
 
     # The streaming cost: the 2 sessions sent silence at 20 ms pace for ~1 s, and both
     # processes' CPU per append came out of it.

@@ -109,6 +109,20 @@ def test_the_table_shows_each_level_with_its_ttfa_percentiles():
     assert "ttfa_p50_over_direct_first_audio" in text
 
 
+def test_an_adaptive_servers_share_of_each_level_as_sched_batch_is_printed():
+    doc = _doc()
+    doc["server"]["sched"] = "adaptive"
+    quiet, busy = copy.deepcopy(doc["realtime"]["levels"][0]), doc["realtime"]["levels"][0]
+    quiet["sessions"], quiet["server"] = 1, {"sched_batch_share": 0.0}
+    busy["server"] = {"sched_batch_share": 0.82}
+    doc["realtime"]["levels"].insert(0, quiet)
+    text = report.render(doc)
+    assert "server scheduled adaptive" in text
+    assert "N=1 0%, N=2 82%" in text.split("server as SCHED_BATCH")[1].splitlines()[0]
+    doc["server"]["sched"] = "batch"  # a fixed policy needs no such line
+    assert "server as SCHED_BATCH" not in report.render(doc)
+
+
 def test_compare_reports_deltas_and_percent_changes_per_metric():
     a = _doc()
     b = copy.deepcopy(a)

@@ -10,6 +10,9 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 
 import httpx
 import numpy as np
@@ -238,12 +241,40 @@ def test_sigterm_lets_a_live_reply_in_an_engine_finish_then_exits_zero(tmp_path)
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
-def test_the_server_runs_as_sched_batch_and_its_engines_as_normal(tmp_path):
+def test_with_server_sched_batch_the_server_runs_as_sched_batch_and_its_engines_as_normal(tmp_path):
     # The server's wake-ups must not preempt an engine mid-unit; the engines put themselves back
     # to the normal policy they would otherwise inherit (graph/sched.py).
     config = tmp_path / "engine.yaml"
     config.write_text(yaml.safe_dump(engine_profile(words=2, delay_s=0.01)))
-    with serve_process(config, free_port()) as process:
+    with serve_process(config, free_port(), "--server-sched", "batch") as process:
         [engine_pid] = [child.pid for child in psutil.Process(process.pid).children()]
         assert policy_of(process.pid) == "batch"
+        assert policy_of(engine_pid) == "normal"
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_by_default_the_server_yields_to_its_engines_only_while_the_machine_is_busy(tmp_path):
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump(engine_profile(words=2, delay_s=0.01)))
+
+    def settles_on(pid: int, policy: str) -> bool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if policy_of(pid) == policy:
+                return True
+            time.sleep(0.1)
+        return False
+
+    with serve_process(config, free_port()) as process:
+        [engine_pid] = [child.pid for child in psutil.Process(process.pid).children()]
+        assert settles_on(process.pid, "normal")  # idle: it forwards at once
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+        try:
+            assert settles_on(process.pid, "batch")  # every core busy: its wake-ups wait for a free core
+            assert policy_of(engine_pid) == "normal"
+        finally:
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+        assert settles_on(process.pid, "normal")
         assert policy_of(engine_pid) == "normal"
