@@ -13,8 +13,9 @@ normal while most of the cores are idle, SCHED_BATCH once they are busy
 (`sgl-omni serve --server-sched`; docs/batching.md, thirteenth and fourteenth sessions, has the
 measurements). The engines always run as normal.
 
-A policy applies to the calling thread; threads and processes it starts later inherit it, so an
-engine process puts itself back to normal (`normal_for_compute`).
+A policy applies to the calling thread (`apply`; `apply_to_process` switches every thread);
+threads and processes started later inherit it, so an engine process puts itself back to normal
+(`normal_for_compute`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ def apply(policy: str) -> str:
     except OSError:  # a sandbox that forbids it
         return policy_of(0) or "normal"
     return policy
+
+
+def apply_to_process(policy: str) -> str:
+    """`apply` to every thread of this process, not only the calling one (Linux: its threads are
+    listed in /proc/self/task): the server's worker threads (speech rendering, voice uploads)
+    follow its event loop's policy whenever they were started."""
+    in_effect = apply(policy)
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return in_effect
+    native = getattr(os, "SCHED_BATCH", None) if in_effect == "batch" else os.SCHED_OTHER
+    for tid in threads:
+        try:
+            os.sched_setscheduler(tid, native, os.sched_param(0))
+        except OSError:  # ended meanwhile, or refused: it keeps what it had
+            pass
+    return in_effect
 
 
 def normal_for_compute() -> None:
@@ -101,10 +120,10 @@ class MachineLoad:
 
 
 class AdaptivePolicy:
-    """`adaptive`: the policy the calling thread should have at the machine's load now
-    (`step`, every FOLLOW_INTERVAL_S), switched only when it changes."""
+    """`adaptive`: the policy this process should have at the machine's load now (`step`, every
+    FOLLOW_INTERVAL_S), switched only when it changes."""
 
-    def __init__(self, busy_share: Callable[[], float | None], set_policy: Callable[[str], str] = apply):
+    def __init__(self, busy_share: Callable[[], float | None], set_policy: Callable[[str], str] = apply_to_process):
         self._busy_share = busy_share
         self._set_policy = set_policy
         self.policy = set_policy("normal")
@@ -119,7 +138,7 @@ class AdaptivePolicy:
 
 
 async def follow_machine_load(interval_s: float = FOLLOW_INTERVAL_S) -> None:
-    """Run on the server's event loop (its thread is the one switched) until cancelled."""
+    """Switch this process's threads with the machine's load, until cancelled."""
     policy = AdaptivePolicy(MachineLoad().busy_share)
     while True:
         await asyncio.sleep(interval_s)

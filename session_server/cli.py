@@ -163,7 +163,7 @@ def _set_server_sched(policy: str) -> None:
 
 
 async def _following_machine_load(serving: Coroutine[Any, Any, int]) -> int:
-    """`--server-sched adaptive`: the event loop's thread switches policy with the machine's load."""
+    """`--server-sched adaptive`: the server's threads switch policy with the machine's load."""
     follower = asyncio.create_task(sched.follow_machine_load())
     try:
         return await serving

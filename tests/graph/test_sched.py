@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -25,6 +27,23 @@ def test_apply_switches_the_calling_thread_and_says_what_is_in_effect(restore_po
     assert os.sched_getscheduler(0) == os.SCHED_BATCH and sched.policy_of(0) == "batch"
     assert sched.apply("normal") == "normal"
     assert os.sched_getscheduler(0) == os.SCHED_OTHER and sched.policy_of(0) == "normal"
+
+
+def test_apply_to_process_switches_threads_started_before_it_too(restore_policy):
+    sched.apply("normal")  # what the worker inherits
+    switch, seen = threading.Event(), []
+    worker = threading.Thread(target=lambda: (seen.append(sched.policy_of(0)), switch.wait(5), seen.append(sched.policy_of(0))))
+    worker.start()
+    try:
+        while not seen:
+            time.sleep(0.01)
+        assert sched.apply_to_process("batch") == "batch"
+        switch.set()
+        worker.join(5)
+        assert seen == ["normal", "batch"] and sched.policy_of(0) == "batch"
+    finally:
+        switch.set()
+        sched.apply_to_process("normal")
 
 
 def test_a_process_started_by_a_batch_server_inherits_it_and_compute_puts_itself_back(restore_policy):
