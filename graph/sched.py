@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("adaptive", "batch", "normal")
+THREAD_POLICIES = ("batch", "normal")  # what a thread can be switched to
+POLICIES = ("adaptive", *THREAD_POLICIES)  # `adaptive` switches between them with the machine's load
 SERVER_DEFAULT = "adaptive"  # `sgl-omni serve --server-sched`
 
 # `adaptive`: SCHED_BATCH once more than BATCH_ABOVE of all cores were busy over the last
@@ -38,18 +40,18 @@ NORMAL_BELOW = 0.25
 FOLLOW_INTERVAL_S = 0.5
 
 
-def apply(policy: str) -> str:
-    """Switch the calling thread to `policy` ("batch" or "normal"). Returns the policy in effect
-    after: "normal" where the platform has no SCHED_BATCH or refuses the change."""
-    if policy not in ("batch", "normal"):
-        raise ValueError(f"unknown scheduling policy {policy!r} (choose from batch, normal)")
+def apply(policy: str, thread: int = 0) -> str:
+    """Switch one thread (0: the calling one) to `policy`, "batch" or "normal". Returns the
+    policy in effect after: "normal" where the platform has no SCHED_BATCH or refuses the change."""
+    if policy not in THREAD_POLICIES:
+        raise ValueError(f"unknown scheduling policy {policy!r} (choose from {', '.join(THREAD_POLICIES)})")
     batch = getattr(os, "SCHED_BATCH", None)
     if batch is None:
         return "normal"
     try:
-        os.sched_setscheduler(0, batch if policy == "batch" else os.SCHED_OTHER, os.sched_param(0))
-    except OSError:  # a sandbox that forbids it
-        return policy_of(0) or "normal"
+        os.sched_setscheduler(thread, batch if policy == "batch" else os.SCHED_OTHER, os.sched_param(0))
+    except OSError:  # a sandbox that forbids it, or a thread that has ended
+        return policy_of(thread) or "normal"
     return policy
 
 
@@ -59,15 +61,11 @@ def apply_to_process(policy: str) -> str:
     follow its event loop's policy whenever they were started."""
     in_effect = apply(policy)
     try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+        others = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) != threading.get_native_id()]
     except OSError:
         return in_effect
-    native = getattr(os, "SCHED_BATCH", None) if in_effect == "batch" else os.SCHED_OTHER
-    for tid in threads:
-        try:
-            os.sched_setscheduler(tid, native, os.sched_param(0))
-        except OSError:  # ended meanwhile, or refused: it keeps what it had
-            pass
+    for tid in others:
+        apply(in_effect, tid)
     return in_effect
 
 

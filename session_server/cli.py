@@ -145,7 +145,7 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
 
     # With no engine processes the server computes itself: nothing to yield to.
     server_sched = args.server_sched if spec.compute_engines else None
-    if server_sched in ("batch", "normal"):
+    if server_sched in sched.THREAD_POLICIES:
         _set_server_sched(server_sched)
     metrics = ServerMetrics()
     runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)

@@ -22,6 +22,19 @@ from session_server.server import DrainingServer, uvicorn_config
 from session_server.state import ServerState, Settings
 
 
+def wait_until(check, what: str, timeout: float = 90.0, process: subprocess.Popen | None = None) -> None:
+    """Poll `check` every 0.1 s until it is true (its exceptions count as false); `process`: fail at once if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{what} exited with {process.returncode} (its log is in the test's tmp_path)")
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ import websockets
 import yaml
 
 from configs import load_profile
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_until
 from tests.realtime.client import RawClient
 
 KEY = "replicas-test-key"
@@ -56,18 +56,6 @@ class Processes:
                 os.killpg(process.pid, signal.SIGKILL)  # its own group: the replica's engine processes too
         for process in self.started:
             process.wait(timeout=30)
-
-
-def wait_until(check, what: str, timeout: float = 90.0, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"{what} exited with {process.returncode} (its log is in the test's tmp_path)")
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wav_bytes(seconds: float = 1.5, rate: int = 16000) -> bytes:

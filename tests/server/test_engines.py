@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
@@ -36,7 +35,7 @@ from graph.messages import (
 )
 from graph.sched import policy_of
 from graph.wire import Link
-from tests.conftest import free_port, http_client, running_server, serve_process
+from tests.conftest import free_port, http_client, running_server, serve_process, wait_until
 from tests.realtime.client import RawClient, append_pcm, sdk_client, until, utterance
 from tests.realtime.fakes import realtime_profile
 
@@ -257,24 +256,19 @@ def test_by_default_the_server_yields_to_its_engines_only_while_the_machine_is_b
     config = tmp_path / "engine.yaml"
     config.write_text(yaml.safe_dump(engine_profile(words=2, delay_s=0.01)))
 
-    def settles_on(pid: int, policy: str) -> bool:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if policy_of(pid) == policy:
-                return True
-            time.sleep(0.1)
-        return False
+    def settles_on(pid: int, policy: str) -> None:
+        wait_until(lambda: policy_of(pid) == policy, f"the server's policy to become {policy}", timeout=20)
 
     with serve_process(config, free_port()) as process:
         [engine_pid] = [child.pid for child in psutil.Process(process.pid).children()]
-        assert settles_on(process.pid, "normal")  # idle: it forwards at once
+        settles_on(process.pid, "normal")  # idle: it forwards at once
         burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
         try:
-            assert settles_on(process.pid, "batch")  # every core busy: its wake-ups wait for a free core
+            settles_on(process.pid, "batch")  # every core busy: its wake-ups wait for a free core
             assert policy_of(engine_pid) == "normal"
         finally:
             for burner in burners:
                 burner.kill()
                 burner.wait()
-        assert settles_on(process.pid, "normal")
+        settles_on(process.pid, "normal")
         assert policy_of(engine_pid) == "normal"
