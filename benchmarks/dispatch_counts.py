@@ -15,8 +15,9 @@ properties of the code, not of the machine, so they can be measured on CPU and h
   CPU, where nothing waits, the same reads counted where they happen: `aten._local_scalar_dense`
   (`.item()`, `int(t)`, `bool(t)`, `float(t)`), operators whose output size depends on the data
   (`nonzero`, `masked_select`, boolean indexing) and, at the Python level, `.tolist()`,
-  `.numpy()` and `.cpu()` (which on CPU never reach the dispatcher). `.to(device)` is not
-  counted: on CPU it cannot tell a host-to-device move from a read back.
+  `.numpy()`, `.cpu()` and `.to("cpu")` (which on CPU never reach the dispatcher). On CPU a
+  `.to(device)` that names the CPU counts too: it cannot tell a move to the engine's device
+  from a read back, so engine code keeps such moves out of its steps.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _names_host(value: Any) -> bool:
+    return value == "cpu" or (isinstance(value, torch.device) and value.type == "cpu")
+
+
 class _HostReadCounter(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
@@ -60,6 +65,8 @@ class _HostReadCounter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in _HOST_READS:
+            self.reads += 1
+        elif name == "to" and (any(_names_host(a) for a in args[1:]) or _names_host((kwargs or {}).get("device"))):
             self.reads += 1
         return func(*args, **(kwargs or {}))
 
