@@ -85,13 +85,14 @@ def response_wire(
     reason: str | None = None,
     usage: Usage | None = None,
     error: tuple[str, str] | None = None,
+    error_type: str = "server_error",
 ) -> dict[str, Any]:
     settings = response.settings
     details: dict[str, Any] | None = None
     if status != "in_progress" and status != "completed":
         details = {"type": status, "reason": reason}
         if error is not None:
-            details["error"] = {"type": "server_error", "code": error[0], "message": error[1]}
+            details["error"] = {"type": error_type, "code": error[0], "message": error[1]}
     return {
         "object": "realtime.response",
         "id": response.id,

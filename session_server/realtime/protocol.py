@@ -302,7 +302,11 @@ class RealtimeProtocol:
         the encoders and the thinker's prefill once, with no round trip through this protocol —
         and names it in the `committed` event (`response_id`)."""
         graph = self.config.to_graph()
-        graph["auto_reply"] = None if self.config.type == "transcription" else _reply_params("", response_settings(self.config, None))
+        auto = response_settings(self.config, None)
+        # A reply its tool choice cannot be had for is not made with the commit: the protocol
+        # opens it and fails it (`_start`), without the graph.
+        made_with_commit = self.config.type != "transcription" and auto.tool_choice_unmet is None
+        graph["auto_reply"] = _reply_params("", auto) if made_with_commit else None
         return graph
 
     def configure_initial(self, session: dict[str, Any]) -> None:
@@ -827,8 +831,8 @@ class RealtimeProtocol:
     def _create_response(self, settings: ResponseSettings, graph_input: str = AUDIO_INPUT) -> Response:
         response = Response(new_id("resp"), settings)
         self._turns_processed = True
-        reply = _reply_params(response.id, settings)
-        self._to_graph(CreateResponse(reply=reply), graph_input)
+        if settings.tool_choice_unmet is None:  # else it fails as it starts, in the protocol alone
+            self._to_graph(CreateResponse(reply=_reply_params(response.id, settings)), graph_input)
         self._queue(response)
         return response
 
@@ -853,6 +857,13 @@ class RealtimeProtocol:
         self._advance(response, ResponseState.IN_PROGRESS)
         settings = response.settings
         self._send("response.created", response=response_wire(self.session_id, response, "in_progress"))
+        if settings.tool_choice_unmet is not None:
+            # A forced choice accepted before its tools (session_config.py), and still without
+            # them: this reply fails, the session goes on. The graph never heard of it.
+            message, param = settings.tool_choice_unmet
+            self._error(RealtimeError("tool_choice_unmet", message, param))
+            self._finish(response, "failed", error=("tool_choice_unmet", message), error_type="invalid_request_error")
+            return
         if not settings.forced_call:  # a forced call's output is the call(s) alone: no message item
             self._open_message(response)
         held, response.held = response.held, []
@@ -883,6 +894,7 @@ class RealtimeProtocol:
         usage: Usage | None = None,
         transcript: str = "",
         error: tuple[str, str] | None = None,
+        error_type: str = "server_error",
     ) -> None:
         if response.state is ResponseState.QUEUED:
             self._advance(response, ResponseState.DONE)  # never announced: it ends without events
@@ -892,7 +904,7 @@ class RealtimeProtocol:
         self._advance(response, ResponseState.DONE)
         if usage is None:
             usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
-        self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error))
+        self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error, error_type))
         self._start_next()
         self._maybe_drained()
 

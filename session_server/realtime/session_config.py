@@ -11,6 +11,10 @@ leaves the session exactly as it was. What the server does with each field:
   profile's cap, `ServedModel.max_output_tokens`; `"inf"` = the cap).
 - `tools` (function tools, JSON-schema `parameters` checked to be constrainable), `tool_choice`,
   `parallel_tool_calls`: the session's defaults for replies; `response.create` may override them.
+  A forced `tool_choice` (`required`, a named function) is accepted before its tools, as clients
+  send it (pipecat, LiveKit: the choice in one update, the tools in a later one); it is checked
+  when a reply starts (`ResponseSettings.tool_choice_unmet`), and a reply it cannot be followed
+  for fails with `tool_choice_unmet`.
 - `audio.input.format`: `audio/pcm` 24000 or 16000, `audio/pcmu`, `audio/pcma` (8 kHz).
 - `audio.input.turn_detection`: `server_vad` (threshold 0.5, prefix 300 ms, silence 500 ms),
   `semantic_vad` (the Smart Turn v3.2 classifier decides at each pause of 200 ms; `eagerness`
@@ -453,12 +457,13 @@ def _tool_choice(value: str | ToolChoiceParam, param: str) -> str | dict[str, st
     return {"type": "function", "name": value.name}
 
 
-def _check_tool_choice(choice: str | dict[str, str], tools: tuple[Tool, ...], param: str) -> str | dict[str, str]:
+def _unmet_tool_choice(choice: str | dict[str, str], tools: tuple[Tool, ...], param: str) -> tuple[str, str] | None:
+    """Why a reply cannot follow `choice` with these tools (message, param), or None when it can."""
     if isinstance(choice, dict) and not any(tool.name == choice["name"] for tool in tools):
-        raise RealtimeError("invalid_value", f"tool_choice names {choice['name']!r}, which is not one of the tools.", f"{param}.name")
+        return f"tool_choice names {choice['name']!r}, which is not one of the tools.", f"{param}.name"
     if choice == "required" and not tools:
-        raise RealtimeError("invalid_value", "tool_choice \"required\" needs at least one tool.", param)
-    return choice
+        return "tool_choice \"required\" needs at least one tool; there is none.", param
+    return None
 
 
 def _voice(value: Any) -> str:
@@ -540,9 +545,8 @@ def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed:
     tools = _tools(patch.tools, "session.tools") if patch.tools is not UNSET else config.tools
     if tools is not config.tools:
         changes["tools"] = tools
-    if patch.tool_choice is not UNSET or tools is not config.tools:
-        choice = _tool_choice(patch.tool_choice, "session.tool_choice") if patch.tool_choice is not UNSET else config.tool_choice
-        changes["tool_choice"] = _check_tool_choice(choice, tools, "session.tool_choice")
+    if patch.tool_choice is not UNSET:  # checked against the tools when a reply starts
+        changes["tool_choice"] = _tool_choice(patch.tool_choice, "session.tool_choice")
     if patch.parallel_tool_calls is not UNSET:
         changes["parallel_tool_calls"] = patch.parallel_tool_calls
     if patch.instructions is not UNSET and patch.instructions != config.instructions:
@@ -615,6 +619,10 @@ class ResponseSettings:
     tools: tuple[Tool, ...] = ()
     tool_choice: str | dict[str, str] = "auto"
     parallel_tool_calls: bool = True
+    # Why this reply cannot follow its tool choice (message, param: where the choice was given),
+    # or None. A session accepts a forced choice before its tools; the reply it fails on fails
+    # alone, with `tool_choice_unmet` (protocol.py), and is never sent to the graph.
+    tool_choice_unmet: tuple[str, str] | None = None
 
     @property
     def forced_call(self) -> bool:
@@ -636,6 +644,8 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         parallel_tool_calls=config.parallel_tool_calls,
     )
     if params is None:
+        unmet = _unmet_tool_choice(config.tool_choice, config.tools, "session.tool_choice")
+        settings = replace(settings, tool_choice_unmet=unmet)
         return replace(settings, max_output_tokens=config.served.reply_tokens(settings.max_output_tokens)) if config.served else settings
     changes: dict[str, Any] = {}
     if params.input is not UNSET:
@@ -676,7 +686,9 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
     choice = _tool_choice(params.tool_choice, "response.tool_choice") if params.tool_choice is not UNSET else settings.tool_choice
     if params.tools is not UNSET and params.tool_choice is UNSET and isinstance(choice, dict):
         choice = "auto"  # the session's named function may not be among this response's tools
-    changes["tool_choice"] = _check_tool_choice(choice, tools, "response.tool_choice")
+    changes["tool_choice"] = choice
+    source = "response.tool_choice" if params.tool_choice is not UNSET else "session.tool_choice"
+    changes["tool_choice_unmet"] = _unmet_tool_choice(choice, tools, source)
     if params.parallel_tool_calls is not UNSET:
         changes["parallel_tool_calls"] = params.parallel_tool_calls
     return replace(settings, **changes)

@@ -102,14 +102,14 @@ BAD_EVENTS = [
         id="tool-parameters-not-an-object",
     ),
     pytest.param(
-        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nope"}}},
-        "invalid_value",
-        "session.tool_choice.name",
+        {"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "nope"}}},
+        "tool_choice_unmet",
+        "response.tool_choice.name",
         id="tool-choice-names-no-tool",
     ),
     pytest.param(
         {"type": "response.create", "response": {"tool_choice": "required"}},
-        "invalid_value",
+        "tool_choice_unmet",
         "response.tool_choice",
         id="required-without-tools",
     ),

@@ -160,6 +160,52 @@ def test_a_client_function_call_item_goes_to_the_model_as_a_call():
 
 def test_an_error_echoes_the_failing_event_id():
     protocol = opened()
-    actions = send(protocol, type="session.update", event_id="evt_tools", session={"tool_choice": "required"})
+    actions = send(protocol, type="session.update", event_id="evt_tools", session={"tool_choice": {"type": "mcp"}})
     (error,) = [e for e in events(actions) if e["type"] == "error"]
-    assert (error["error"]["code"], error["error"]["event_id"]) == ("invalid_value", "evt_tools")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("unsupported", "evt_tools")
+
+
+def test_a_forced_tool_choice_before_its_tools_is_accepted_with_the_rest_of_the_update():
+    """pipecat sends `tool_choice: "required"` before its tools; LiveKit a named choice."""
+    protocol = opened()
+    actions = send(protocol, type="session.update", session={"instructions": "Be brief.", "tool_choice": "required"})
+    assert "error" not in kinds(actions)
+    (updated,) = [e for e in events(actions) if e["type"] == "session.updated"]
+    assert (updated["session"]["instructions"], updated["session"]["tool_choice"]) == ("Be brief.", "required")
+    actions = send(protocol, type="session.update", session={"tool_choice": {"type": "function", "name": "get_weather"}})
+    assert "error" not in kinds(actions)
+    send(protocol, type="session.update", session={"tools": [WEATHER]})
+    reply = reply_command(send(protocol, type="response.create")).reply
+    assert reply.tool_choice == {"type": "function", "name": "get_weather"} and reply.tools[0]["name"] == "get_weather"
+
+
+def test_a_reply_whose_forced_choice_has_no_tool_fails_with_a_coded_error_and_the_session_goes_on():
+    protocol = opened()
+    send(protocol, type="session.update", session={"tool_choice": "required"})
+    actions = send(protocol, type="response.create", event_id="evt_r")
+    assert not [a for a in actions if isinstance(a, SendToGraph) and isinstance(a.message, CreateResponse)]
+    (error,) = [e["error"] for e in events(actions) if e["type"] == "error"]
+    assert (error["code"], error["param"]) == ("tool_choice_unmet", "session.tool_choice")
+    (done,) = [e["response"] for e in events(actions) if e["type"] == "response.done"]
+    assert done["status"] == "failed"
+    assert done["status_details"]["error"]["code"] == "tool_choice_unmet"
+    assert protocol.responses == {}
+    actions = send(protocol, type="response.create", response={"tool_choice": "auto"})
+    assert reply_command(actions).reply.tool_choice == "auto"
+
+
+def test_a_named_choice_missing_from_the_tools_fails_its_reply_naming_where_it_was_given():
+    protocol = opened()
+    send(protocol, type="session.update", session={"tools": [WEATHER]})
+    actions = send(protocol, type="response.create", response={"tool_choice": {"type": "function", "name": "nope"}})
+    (error,) = [e["error"] for e in events(actions) if e["type"] == "error"]
+    assert (error["code"], error["param"]) == ("tool_choice_unmet", "response.tool_choice.name")
+    assert [e["response"]["status"] for e in events(actions) if e["type"] == "response.done"] == ["failed"]
+
+
+def test_an_automatic_reply_is_not_made_with_the_commit_while_its_forced_choice_has_no_tool():
+    protocol = opened()
+    send(protocol, type="session.update", session={"tool_choice": "required"})
+    assert protocol.graph_config()["auto_reply"] is None
+    send(protocol, type="session.update", session={"tools": [WEATHER]})
+    assert protocol.graph_config()["auto_reply"].tool_choice == "required"
