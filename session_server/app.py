@@ -41,7 +41,7 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
     app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     install_error_handlers(app)
-    state.metrics.watch(lambda: state.runtime, state.free_session_slots)
+    state.metrics.watch(lambda: state.runtime, state.free_session_slots, state.parked_sessions)
 
     @app.get("/health")
     async def health() -> JSONResponse:

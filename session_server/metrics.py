@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from graph.metrics import GraphMetrics
+from session_server.usage import UsageTotals
 
 if TYPE_CHECKING:
     from graph.runtime import GraphRuntime
@@ -22,6 +23,9 @@ class ServerMetrics(GraphMetrics):
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # Every realtime session's usage, added as it arises (usage.py); read at scrape time.
+        self.usage = UsageTotals()
+        self.registry.register(_UsageCollector(self.usage))
         self._started = Counter("sgl_omni_sessions_started", "Sessions started", ["kind"], registry=self.registry)
         self._ended = Counter("sgl_omni_sessions_ended", "Sessions ended, by reason", ["kind", "reason"], registry=self.registry)
         self._node_step = Histogram(
@@ -34,8 +38,9 @@ class ServerMetrics(GraphMetrics):
             ["transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
-    def watch(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None) -> None:
-        self.registry.register(_RuntimeCollector(runtime_getter, free_slots))
+    def watch(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None,
+              parked: Callable[[], int] | None = None) -> None:
+        self.registry.register(_RuntimeCollector(runtime_getter, free_slots, parked))
 
     def session_started(self, kind: str) -> None:
         self._started.labels(kind).inc()
@@ -61,9 +66,11 @@ class ServerMetrics(GraphMetrics):
 class _RuntimeCollector(Collector):
     """Gauges read from the runtime at scrape time (nothing to keep in sync)."""
 
-    def __init__(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None):
+    def __init__(self, runtime_getter: Callable[[], GraphRuntime | None], free_slots: Callable[[], int] | None = None,
+                 parked: Callable[[], int] | None = None):
         self._runtime = runtime_getter
         self._free_slots = free_slots
+        self._parked = parked
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         runtime = self._runtime()
@@ -88,6 +95,10 @@ class _RuntimeCollector(Collector):
                 for event, n in sorted(counts.items()):
                     events.add_metric([node, event], n)
         yield active
+        if self._parked is not None:
+            # Of the active realtime sessions, those whose client dropped and that wait for a resume
+            # (realtime/resume.py): they hold their slots; connected = active - parked.
+            yield _parked_family(self._parked() if runtime is not None else 0)
         yield depth
         yield batches
         yield items
@@ -96,3 +107,36 @@ class _RuntimeCollector(Collector):
             # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
             yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",
                                     value=self._free_slots() if runtime is not None and runtime.ready else 0)
+
+
+def _parked_family(parked: int) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("sgl_omni_parked_sessions",
+                               "Realtime sessions whose client dropped, waiting for a resume (a part of sgl_omni_active_sessions)",
+                               labels=["kind"])
+    family.add_metric(["realtime"], parked)
+    return family
+
+
+class _UsageCollector(Collector):
+    """The usage counters, read from the server's `UsageTotals` at scrape time."""
+
+    def __init__(self, totals: UsageTotals):
+        self._totals = totals
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        tokens = self._totals.tokens
+        family = CounterMetricFamily("sgl_omni_tokens", "Tokens of realtime replies (their response.done usage), by kind and modality",
+                                     labels=["kind", "modality"])
+        for kind, modality, value in (("input", "text", tokens.input_text), ("input", "audio", tokens.input_audio),
+                                      ("input", "image", tokens.input_image), ("output", "text", tokens.output_text),
+                                      ("output", "audio", tokens.output_audio)):
+            family.add_metric([kind, modality], value)
+        yield family
+        # A part of the input tokens, so not a `kind` of sgl_omni_tokens (a sum over it would count them twice).
+        yield CounterMetricFamily("sgl_omni_cached_tokens", "Input tokens of realtime replies read from the KV cache",
+                                  value=tokens.cached)
+        audio = CounterMetricFamily("sgl_omni_audio_seconds", "Seconds of realtime audio: in from clients, out in replies",
+                                    labels=["direction"])
+        audio.add_metric(["in"], self._totals.audio_in_s)
+        audio.add_metric(["out"], self._totals.audio_out_s)
+        yield audio

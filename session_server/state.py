@@ -52,6 +52,10 @@ class ServerState:
             return self.resumer.free_slots()
         return max(0, self.runtime.capacity("realtime") - self.runtime.count("realtime"))
 
+    def parked_sessions(self) -> int:
+        """Realtime sessions whose client dropped, waiting for a resume (realtime/resume.py)."""
+        return len(self.resumer.parked) if self.resumer is not None else 0
+
     def add_key_validator(self, check: Callable[[str], bool], paths: frozenset[str]) -> None:
         self._key_validators.append((paths, check))
 

@@ -120,6 +120,7 @@ from session_server.realtime.sglang_session import (
     Negotiation,
     check_timeline,
 )
+from session_server.usage import SessionUsage, UsageTotals
 from session_server.realtime.voice_lookups import VoiceLookups, voice_names
 
 # Largest base64 payload of one append or image, as sent (OpenAI's limit is 15 MiB per append).
@@ -250,8 +251,11 @@ class Response:
 
 class RealtimeProtocol:
     def __init__(self, session_id: str, model: str, max_append_chars: int = MAX_APPEND_CHARS, audio_deltas: bool = True,
-                 reply_input: str = AUDIO_INPUT, served: ServedModel | None = None, compat: str | None = None):
+                 reply_input: str = AUDIO_INPUT, served: ServedModel | None = None, compat: str | None = None,
+                 usage_totals: UsageTotals | None = None):
         self.session_id = session_id
+        # What the session used (usage.py); every addition also goes to the server's `usage_totals`.
+        self.usage = SessionUsage(totals=usage_totals)
         # The graph input for automatic replies (`replies` where the profile routes it straight
         # to the dialog node; `audio` otherwise).
         self.reply_input = reply_input
@@ -519,6 +523,7 @@ class RealtimeProtocol:
         if len(samples):
             self._to_graph(AudioChunk(samples=samples, sample_rate=sample_rate, media_ms=self._input_ms))
             self._input_ms += len(samples) * 1000.0 / sample_rate
+            self.usage.audio_in(len(samples) / sample_rate)
 
     def _on_InputAudioBufferCommit(self, event: ev.InputAudioBufferCommit) -> None:
         self._to_graph(Commit())
@@ -553,6 +558,8 @@ class RealtimeProtocol:
             command.insert_after = [history_key(self.items[key]) for key in reversed(list(self.items)[:position])]
         self._to_graph(command)
         self._turns_processed = True
+        if added.type == "message" and added.role == "user":
+            self.usage.user_turn()
         self._add_item(added, at=position)
 
     def _insert_position(self, previous_item_id: str | None) -> int | None:
@@ -716,6 +723,7 @@ class RealtimeProtocol:
         content: list[dict[str, Any]] = [{"type": "input_audio", "transcript": None}]
         content += [{"type": "input_image", "image_url": None}] * event.image_count
         self._turns_processed = True
+        self.usage.user_turn()
         self._add_item(Item(item_id, "user", content))
         if self.config.type == "transcription":
             return  # transcripts only: the dialog marked the turn for one; no reply
@@ -753,6 +761,7 @@ class RealtimeProtocol:
             if not response.audio or response.encoder is None:
                 return
             self._audio_produced = True
+            self.usage.audio_out(len(message.samples) / message.sample_rate)
             if not self.audio_deltas:
                 response.item.audio_ms += len(message.samples) * 1000.0 / message.sample_rate
                 self._out.append(SendAudio(response.id, response.item.id, message.samples, message.sample_rate))
@@ -904,6 +913,7 @@ class RealtimeProtocol:
         self._advance(response, ResponseState.DONE)
         if usage is None:
             usage = Usage(output_tokens=response.output_tokens, output_text_tokens=response.output_tokens)
+        self.usage.reply_done(usage)
         self._send("response.done", response=response_wire(self.session_id, response, status, reason, usage, error, error_type))
         self._start_next()
         self._maybe_drained()
@@ -993,7 +1003,9 @@ class RealtimeProtocol:
         return self._flush()
 
     def _end_session(self, reason: str, code: int, client_event_id: str | None = None) -> None:
-        self._send("session.closed", reason=reason, client_event_id=client_event_id)
+        # `usage`: an extension, what the session used (usage.py)
+        self._send("session.closed", reason=reason, client_event_id=client_event_id,
+                   usage=msgspec.to_builtins(self.usage.record()))
         self.state = SessionState.CLOSED
         self.close_reason = reason
         self._out.append(CloseSession(code, reason))

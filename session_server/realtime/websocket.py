@@ -330,7 +330,7 @@ def session_headers(session_id: str) -> list[tuple[bytes, bytes]]:
 def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSettings, offered: list[str], session_id: str) -> _Link:
     protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
                                 reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
-                                compat=settings.compat)
+                                compat=settings.compat, usage_totals=state.metrics.usage)
     if beta_requested(websocket.scope.get("headers", []), offered):
         protocol.dialect.choose(BETA)
     return _Link(websocket, protocol, settings, state.metrics)

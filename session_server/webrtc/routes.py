@@ -97,7 +97,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             call_id, session_id = new_call_id()
             # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
             protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
-                                        reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state))
+                                        reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
+                                        usage_totals=state.metrics.usage)
             # The key's config first, then what came with the offer, each as a session.update patch.
             await _initial_config(protocol, minted)
             await _initial_config(protocol, session)
