@@ -37,6 +37,8 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await state.runtime.stop(0 if not state.runtime.ready else None)
+            if state.tracing is not None:
+                state.tracing.shutdown()  # the last turns' spans are exported
 
     app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
@@ -77,6 +79,11 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     _install_features(app, state)
+    # Operators: the admin API exists only behind its own key (auth.py checks it).
+    if state.settings.admin_key is not None:
+        from session_server import admin
+
+        admin.install(app, state)
     app.add_middleware(RequestSizeLimit, max_bytes=state.runtime.spec.limits.max_request_bytes, path_limits=state.request_size_limits)
     app.add_middleware(ApiKeyMiddleware, state=state)
     return app

@@ -4,6 +4,7 @@
                    [--api-key KEY] [--log-level L] [--shutdown-grace S] [--webrtc-candidates C]
                    [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
                    [--realtime-compat sglang-omni-v0] [--server-sched adaptive|batch|normal]
+                   [--admin-key KEY] [--otlp-endpoint URL]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "wake-ups, one per client message, do not preempt an engine mid-computation), normal (it forwards "
                             "at once, even woken on a core an engine holds), or adaptive (the default: normal while most "
                             "cores are idle, batch once they are busy); the engines keep the normal policy")
+    # Operators: the admin API (session_server/admin.py) and traces (session_server/tracing.py).
+    serve.add_argument("--admin-key", default=os.environ.get("SGL_OMNI_ADMIN_KEY"),
+                       help="serve the admin API (/v1/admin/sessions) behind this Bearer key, which must differ from "
+                            "--api-key (env SGL_OMNI_ADMIN_KEY); default: no admin API")
+    serve.add_argument("--otlp-endpoint",
+                       help="send OpenTelemetry traces of realtime turns to this OTLP/HTTP base URL (e.g. "
+                            "http://collector:4318; the standard OTEL_EXPORTER_OTLP_ENDPOINT works too); needs the "
+                            "`otel` extra; default: no traces")
     serve.add_argument(
         "--webrtc-candidates", choices=CANDIDATE_POLICIES,
         help="host ICE candidates of WebRTC calls (the profile's webrtc.candidates); default: the profile's, "
@@ -138,6 +147,19 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
         log.info("note: serving the embedded tiny test model (random weights): its replies are no real answers and "
                  "its voice is noise, though every stage runs; --model-path DIR serves a real checkpoint")
 
+    # Operators: checked before anything loads, as the profile is.
+    args.admin_key = args.admin_key or None  # an empty SGL_OMNI_ADMIN_KEY: no admin API
+    if args.admin_key is not None and args.admin_key == args.api_key:
+        log.error("--admin-key: the admin key must differ from the client API key (--api-key)")
+        return 2
+    from session_server.tracing import TracingUnavailable, from_settings
+
+    try:
+        tracing = from_settings(args.otlp_endpoint)
+    except TracingUnavailable as exc:
+        log.error("--otlp-endpoint: %s", exc)
+        return 2
+
     from session_server.app import create_app
     from session_server.metrics import ServerMetrics
     from session_server.server import run_blocking, run_server
@@ -150,8 +172,10 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
     metrics = ServerMetrics()
     runtime = EngineRuntime(spec, profile, metrics, args.log_level) if spec.compute_engines else GraphRuntime(spec, metrics)
     log.info("listening on http://%s:%d; loading the model (/health answers 503 until ready)", args.host, args.port)
-    settings = Settings(model_id=runtime.model_id, api_key=args.api_key, enable_realtime=args.enable_realtime, profile=profile)
+    settings = Settings(model_id=runtime.model_id, api_key=args.api_key, enable_realtime=args.enable_realtime, profile=profile,
+                        admin_key=args.admin_key)
     state = ServerState(runtime, settings, metrics)
+    state.tracing = tracing
     serving = run_server(state, create_app, args.host, args.port, args.log_level, sock=sock)
     return run_blocking(_following_machine_load(serving) if server_sched == "adaptive" else serving)
 

@@ -1,4 +1,4 @@
-"""What every route shares: the runtime, the settings, the metrics, the shutdown flag."""
+"""What every route shares: the runtime, the settings, the metrics, the live sessions, the shutdown flag."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph.runtime import GraphRuntime
+from session_server.live_sessions import LiveSessions
 from session_server.metrics import ServerMetrics
 
 
@@ -18,6 +19,8 @@ class Settings:
     enable_realtime: bool = True
     # Anything a feature package needs from the profile's top level (e.g. `speech:`, `webrtc:`).
     profile: dict[str, Any] = field(default_factory=dict)
+    # The admin API's own key (admin.py; `--admin-key`): None, no admin API.
+    admin_key: str | None = None
 
 
 class ServerState:
@@ -37,6 +40,10 @@ class ServerState:
         self._key_validators: list[tuple[frozenset[str], Callable[[str], bool]]] = []
         # Request-body bounds of paths that need their own (session_server/request_size.py).
         self.request_size_limits: dict[str, int] = {}
+        # Every live session, whatever its transport, connected or parked (live_sessions.py).
+        self.sessions = LiveSessions()
+        # Traces of realtime turns (tracing.py), None unless an OTLP endpoint is configured.
+        self.tracing: Any = None
 
     @property
     def ready(self) -> bool:
@@ -68,3 +75,8 @@ class ServerState:
         if hmac.compare_digest(key.encode(), self.settings.api_key.encode()):
             return True
         return any(check(key) for paths, check in self._key_validators if path in paths)
+
+    def admin_key_is_valid(self, key: str | None) -> bool:
+        """True only for the admin key itself (never the client key, never a minted one)."""
+        admin_key = self.settings.admin_key
+        return admin_key is not None and key is not None and hmac.compare_digest(key.encode(), admin_key.encode())

@@ -60,12 +60,13 @@ async def running_server(
     enable_realtime: bool = True,
     wait_ready: bool = True,
     engines: bool = False,
+    admin_key: str | None = None,
 ) -> AsyncIterator[RunningServer]:
     """In-process graph by default (tests may look into its nodes); `engines=True` runs it in
     the profile's `compute.engines` engine processes, as `sgl-omni serve` does."""
     metrics = ServerMetrics()
     runtime = (EngineRuntime if engines else GraphRuntime).from_config(profile, metrics)
-    state = ServerState(runtime, Settings(runtime.model_id, api_key, enable_realtime, profile), metrics)
+    state = ServerState(runtime, Settings(runtime.model_id, api_key, enable_realtime, profile, admin_key=admin_key), metrics)
     port = free_port()
     server: DrainingServer | None = None
 

@@ -51,6 +51,7 @@ import base64
 import enum
 import itertools
 import json
+import time
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -274,6 +275,8 @@ class RealtimeProtocol:
         self.items: dict[str, Item] = {}  # the conversation, in order
         self.responses: dict[str, Response] = {}  # QUEUED and IN_PROGRESS, in order
         self.close_reason: str | None = None
+        # Wall-clock time of the client's last event or input audio (the admin API shows it).
+        self.last_activity_at = time.time()
         self._done: deque[str] = deque(maxlen=64)  # recently finished response ids (late graph output is dropped)
         self._by_turn: dict[int, str] = {}
         self._event_ids = itertools.count(1)
@@ -391,6 +394,7 @@ class RealtimeProtocol:
     def receive_text(self, text: str | bytes) -> list[Action]:
         if self.state is SessionState.CLOSED:
             return []
+        self.last_activity_at = time.time()
         try:
             event = ev.parse_client_event(text)
             self._handle(event)
@@ -403,6 +407,7 @@ class RealtimeProtocol:
     def receive_binary(self, data: bytes) -> list[Action]:
         if self.state is SessionState.CLOSED:
             return []
+        self.last_activity_at = time.time()
         self._error(RealtimeError("binary_frames_unsupported", "Binary frames are not part of this protocol; send JSON text events (audio as base64)."))
         return self._flush()
 
@@ -411,6 +416,7 @@ class RealtimeProtocol:
         the path of an `input_audio_buffer.append` after decoding, on the same timeline."""
         if self.state is SessionState.CLOSED or self._input_ended:
             return []
+        self.last_activity_at = time.time()
         self._input_audio(samples, sample_rate)
         return self._flush()
 

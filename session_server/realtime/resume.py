@@ -53,8 +53,10 @@ from session_server.realtime.websocket import (
     _until_closed,
     end_link,
     new_link,
+    register,
     session_headers,
     start_tasks,
+    unregister,
 )
 from session_server.state import ServerState
 
@@ -194,6 +196,7 @@ class SessionResumer:
         if link.graph is not None:
             await link.graph.close(link.close_reason or reason)
         await self.ended(link)
+        unregister(link, self.state)
 
     async def claim(self, session_id: str, token: str) -> _Parked | None:
         """The live session, taken from its parking place; None when this replica has none (or the
@@ -230,6 +233,7 @@ class SessionResumer:
             await asyncio.gather(*oldest.tasks, return_exceptions=True)
             if oldest.link.graph is not None:
                 await oldest.link.graph.close("evicted")
+            unregister(oldest.link, self.state)
 
     def free_slots(self) -> int:
         """Sessions this replica can still admit: free slots plus parked sessions it would close."""
@@ -286,6 +290,7 @@ async def serve_resume(websocket: WebSocket, state: ServerState, settings: Realt
             await end_link(link, writer, tasks, state)
             return
         resumer.track(link)
+        register(link, state)
         link.apply(replay)
         log.info("session %s rebuilt from its snapshot (%d items)", session_id, len(link.protocol.items))
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")

@@ -138,7 +138,10 @@ class _Link:
         # the session instead of ending it; `on_event` sees every server event before it is sent.
         self.resume_token: str | None = None
         self.detached = asyncio.Event()
+        self.detached_at: float | None = None
         self.on_event: Callable[[dict[str, Any]], None] | None = None
+        # Operators (session_server/live_sessions.py, tracing.py): the turn traces, when on.
+        self.trace: Any = None
 
     def attach(self, websocket: WebSocket) -> None:
         """A resumed client's socket takes the place of the dropped one."""
@@ -148,11 +151,22 @@ class _Link:
         self.outbox_drained.set()
         self.disconnected = False
         self.detached.clear()
+        self.detached_at = None
 
     def detach(self) -> None:
         """The socket dropped: the session stays open, waiting for a resume (resume.py)."""
         self.disconnected = True
         self.detached.set()
+        self.detached_at = time.time()
+
+    # The live-sessions registry's view (session_server/live_sessions.py `SessionHost`).
+    def parked_at(self) -> float | None:
+        return self.detached_at if self.detached.is_set() and not self.closed.is_set() else None
+
+    def end(self, reason: str) -> None:
+        """An operator ends the session: `session.closed` {reason} and the close frame; a parked
+        one ends as its resume window would (resume.py `_expire` sees it closed)."""
+        self.apply(self.protocol.close(reason))
 
     # Apply the protocol's actions in order. Never blocks on the graph: graph-bound messages go
     # through `inputs` (the feeder awaits the graph), so the pump can always keep draining outputs.
@@ -199,6 +213,8 @@ class _Link:
 
     def _queue_event(self, event: dict[str, Any]) -> None:
         self._observe(event)
+        if self.trace is not None:
+            self.trace.observe(event)
         if self.on_event is not None:
             self.on_event(event)
         if self.detached.is_set() or (self.closed.is_set() and event["type"] != "session.closed"):
@@ -315,6 +331,7 @@ async def serve(websocket: WebSocket, state: ServerState) -> None:
         if link.graph is not None:
             if resumer is not None:
                 resumer.track(link)
+            register(link, state)
             link.apply(link.protocol.open())
             tasks = start_tasks(link)
             await _until_closed(link, tasks)
@@ -334,6 +351,21 @@ def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSetting
     if beta_requested(websocket.scope.get("headers", []), offered):
         protocol.dialect.choose(BETA)
     return _Link(websocket, protocol, settings, state.metrics)
+
+
+def register(link: _Link, state: ServerState) -> None:
+    """The session's graph is open: list it with the live sessions (admin API), trace its turns."""
+    state.sessions.add(link, "realtime", "websocket")
+    if state.tracing is not None:
+        link.trace = state.tracing.session(link.protocol.session_id, "websocket", link.protocol.usage)
+
+
+def unregister(link: _Link, state: ServerState) -> None:
+    """The session is over (its graph closed, its client told)."""
+    state.sessions.forget(link)
+    if link.trace is not None:
+        link.trace.close()
+        link.trace = None
 
 
 def start_tasks(link: _Link, running: list[asyncio.Task[None]] | None = None) -> list[asyncio.Task[None]]:
@@ -364,6 +396,7 @@ async def end_link(link: _Link, writer: asyncio.Task[None], tasks: list[asyncio.
         if state.resumer is not None:
             await state.resumer.ended(link)
     await _finish(link, writer)
+    unregister(link, state)
 
 
 async def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:

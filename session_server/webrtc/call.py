@@ -108,6 +108,8 @@ class Call:
         # WebSockets attached with `GET /v1/realtime?call_id=` (sideband.py): each gets a copy of
         # every event the data channel gets, and may send client events as the channel does.
         self.sidebands: set[Any] = set()
+        # Operators (session_server/tracing.py): the turn traces, when on.
+        self.trace: Any = None
 
     # ------------------------------------------------------------------ setup
 
@@ -299,6 +301,8 @@ class Call:
                 self._event(action.event)
             elif isinstance(action, SendAudio):
                 self.track.push(action.response_id, action.samples, action.sample_rate)
+                if self.trace is not None:
+                    self.trace.audio_out(action.response_id)
             elif isinstance(action, SendToGraph):
                 if len(self._inputs) >= MAX_PENDING_INPUTS:
                     self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
@@ -397,6 +401,8 @@ class Call:
         self._send({"type": kind, "event_id": f"event_rtc_{self._event_ids}", **fields})
 
     def _send(self, event: dict[str, Any]) -> None:
+        if self.trace is not None:
+            self.trace.observe(event)
         worded = self.protocol.dialect.outgoing(event)  # GA, or beta names (realtime/dialect.py)
         if self._closing or worded is None:
             return
@@ -419,6 +425,14 @@ class Call:
         channel.send(text)
 
     # ------------------------------------------------------------------ ending
+
+    # The live-sessions registry's view (session_server/live_sessions.py `SessionHost`): a call
+    # is never parked; an operator's end is a hangup with that reason.
+    def parked_at(self) -> float | None:
+        return None
+
+    def end(self, reason: str) -> None:
+        self.close_soon(reason)
 
     def close_soon(self, reason: str) -> None:
         if not self._closing:

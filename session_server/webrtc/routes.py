@@ -233,7 +233,13 @@ async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegis
     except SessionRejected as rejected:
         status = 429 if rejected.code == "session_limit_reached" else 503
         raise CallRefused(status, rejected.message, rejected.code, type="invalid_request_error" if status == 429 else "server_error") from None
-    call = Call(call_id, protocol, config, on_closed=calls.forget, metrics=state.metrics)
+    def closed(call: Call) -> None:
+        calls.forget(call)
+        state.sessions.forget(call)
+        if call.trace is not None:
+            call.trace.close()
+
+    call = Call(call_id, protocol, config, on_closed=closed, metrics=state.metrics)
     calls.add(call)
     try:
         answer = await call.answer(offer)
@@ -245,6 +251,10 @@ async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegis
         await graph.close("internal_error")
         await call.close("internal_error")
         raise
+    # Listed with the live sessions (admin API) and traced, before its first event.
+    state.sessions.add(call, "realtime", "webrtc", call_id=call_id)
+    if state.tracing is not None:
+        call.trace = state.tracing.session(protocol.session_id, "webrtc", protocol.usage)
     call.start(graph)
     log.info("call %s: session %s answered", call_id, protocol.session_id)
     return answer

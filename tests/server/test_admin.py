@@ -1,0 +1,170 @@
+"""Issue 37, operators: the admin API lists, reads and ends this server's live sessions (connected
+and parked, WebSocket and WebRTC), behind its own key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import websockets
+
+from clients.python.webrtc import WebRTCSession
+from tests.conftest import http_client, running_server
+from tests.realtime.client import API_KEY, RawClient
+from tests.realtime.fakes import realtime_profile
+from tests.webrtc.helpers import until_true, webrtc_profile
+
+ADMIN_KEY = "admin-key"
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@contextlib.asynccontextmanager
+async def connect(srv, query: str = ""):
+    url = f"{srv.ws_url}/v1/realtime?model={srv.runtime.model_id}{query}"
+    async with websockets.connect(url, additional_headers=HEADERS, max_size=None) as ws:
+        yield RawClient(ws)
+
+
+async def opened(client: RawClient) -> tuple[str, str]:
+    """(session id, resume token) from the session's `session.created`."""
+    created = await client.recv()
+    return created["session"]["id"], created["session"]["sglang"]["resume_token"]
+
+
+async def text_turn(client: RawClient, text: str) -> dict:
+    await client.send({"type": "conversation.item.create",
+                       "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    return (await client.until("response.done"))[-1]["response"]
+
+
+async def sessions_until(admin, check, timeout: float = 10.0) -> list[dict]:
+    """GET /v1/admin/sessions until `check(data)` holds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            data = (await admin.get("/v1/admin/sessions")).json()["data"]
+            if check(data):
+                return data
+            await asyncio.sleep(0.02)
+
+
+async def test_the_list_shows_a_connected_and_a_parked_session_with_their_usage():
+    async with running_server(realtime_profile(reply={"words": 3}), api_key=API_KEY, admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin:
+            async with connect(srv) as dropped:
+                dropped_id, _ = await opened(dropped)
+                reply = await text_turn(dropped, "one two three four")
+                dropped.ws.transport.abort()  # no close frame: parked for a resume
+            async with connect(srv) as live:
+                live_id, _ = await opened(live)
+                data = await sessions_until(admin, lambda d: {s["id"]: s["state"] for s in d} == {
+                    dropped_id: "parked", live_id: "connected"})
+                by_id = {s["id"]: s for s in data}
+                assert [s["id"] for s in data] == [dropped_id, live_id]  # oldest first
+                parked, connected = by_id[dropped_id], by_id[live_id]
+                for record in (parked, connected):
+                    assert (record["object"], record["kind"], record["transport"]) == ("admin.session", "realtime", "websocket")
+                    assert record["engine"] is None  # the test server runs its graph in-process
+                    assert record["created_at"] <= record["last_activity_at"]
+                assert parked["parked_at"] >= parked["last_activity_at"] and connected["parked_at"] is None
+                assert parked["turns"] == 1 and connected["turns"] == 0
+                usage = reply["usage"]
+                assert parked["kv_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+                assert parked["usage"]["input_tokens"] == usage["input_tokens"] == 4
+                assert parked["usage"]["output_tokens"] == usage["output_tokens"] == 3
+                assert parked["usage"]["replies"] == 1
+                one = await admin.get(f"/v1/admin/sessions/{dropped_id}")
+                assert one.status_code == 200 and one.json() == parked
+                unknown = await admin.get("/v1/admin/sessions/sess_unknown")
+                assert unknown.status_code == 404
+                assert unknown.json()["error"]["code"] == "session_not_found"
+
+
+async def test_deleting_a_connected_session_sends_session_closed_admin_closed_and_a_close_frame():
+    async with running_server(realtime_profile(), api_key=API_KEY, admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin, connect(srv) as client:
+            session_id, token = await opened(client)
+            answer = await admin.delete(f"/v1/admin/sessions/{session_id}")
+            assert answer.status_code == 200
+            body = answer.json()
+            assert (body["id"], body["object"], body["deleted"]) == (session_id, "admin.session.deleted", True)
+            assert body["session"]["state"] == "closed"
+            closed = await client.until("session.closed")
+            assert closed[-1]["reason"] == "admin_closed"
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await client.ws.recv()
+            assert (client.ws.close_code, client.ws.close_reason) == (1000, "admin_closed")
+            assert (await admin.get("/v1/admin/sessions")).json()["data"] == []
+            assert (await admin.delete(f"/v1/admin/sessions/{session_id}")).status_code == 404
+        assert not srv.runtime.sessions
+        # Ended for good: its resume token opens nothing.
+        async with connect(srv, f"&session_id={session_id}&resume_token={token}") as client:
+            assert (await client.error())["code"] == "session_not_found"
+
+
+async def test_deleting_a_parked_session_drops_it_and_its_snapshot():
+    async with running_server(realtime_profile(), api_key=API_KEY, admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin:
+            async with connect(srv) as client:
+                session_id, token = await opened(client)
+                client.ws.transport.abort()
+            await sessions_until(admin, lambda d: [s["state"] for s in d] == ["parked"])
+            answer = await admin.delete(f"/v1/admin/sessions/{session_id}")
+            assert answer.status_code == 200 and answer.json()["deleted"] is True
+            assert (await admin.get("/v1/admin/sessions")).json()["data"] == []
+            assert not srv.state.resumer.parked and not srv.runtime.sessions
+            assert await srv.state.resumer.store.load(session_id) is None
+        async with connect(srv, f"&session_id={session_id}&resume_token={token}") as client:
+            assert (await client.error())["code"] == "session_not_found"
+
+
+async def test_a_webrtc_call_is_listed_and_deleting_it_ends_the_call():
+    async with running_server(webrtc_profile(), api_key=API_KEY, admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin:
+            async with WebRTCSession.connect(srv.base_url, API_KEY, loopback=True) as call:
+                created = await call.next_event("session.created")
+                (record,) = (await admin.get("/v1/admin/sessions")).json()["data"]
+                assert (record["id"], record["transport"], record["call_id"], record["state"]) == (
+                    created["session"]["id"], "webrtc", call.call_id, "connected")
+                assert (await admin.delete(f"/v1/admin/sessions/{record['id']}")).json()["deleted"] is True
+                assert (await call.next_event("session.closed"))["reason"] == "admin_closed"
+                await until_true(lambda: call.pc.connectionState == "closed")
+            assert not srv.runtime.sessions
+
+
+async def test_without_an_admin_key_the_admin_routes_are_absent():
+    async with running_server(realtime_profile(), api_key=API_KEY) as srv:
+        async with http_client(srv, API_KEY) as client:
+            answer = await client.get("/v1/admin/sessions")
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+            assert (await client.delete("/v1/admin/sessions/sess_x")).status_code == 404
+
+
+async def test_the_client_key_and_no_key_get_401_on_the_admin_routes_and_the_admin_key_opens_no_session():
+    async with running_server(realtime_profile(), api_key=API_KEY, admin_key=ADMIN_KEY) as srv:
+        for key in (API_KEY, None, "wrong"):
+            async with http_client(srv, key) as client:
+                for answer in (await client.get("/v1/admin/sessions"), await client.delete("/v1/admin/sessions/sess_x")):
+                    assert answer.status_code == 401
+                    assert answer.json()["error"]["code"] == "invalid_admin_key"
+        async with http_client(srv, ADMIN_KEY) as admin:
+            assert (await admin.get("/v1/admin/sessions")).status_code == 200
+            assert (await admin.get("/v1/models")).status_code == 401  # the admin key is no client key
+
+
+async def test_an_admin_key_guards_the_admin_routes_on_a_server_without_a_client_key():
+    async with running_server(realtime_profile(), admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv) as anyone:
+            assert (await anyone.get("/v1/models")).status_code == 200
+            assert (await anyone.get("/v1/admin/sessions")).status_code == 401
+
+
+async def test_a_session_in_an_engine_process_names_its_engine():
+    profile = realtime_profile()
+    profile["compute"] = {"engines": 1}
+    async with running_server(profile, api_key=API_KEY, admin_key=ADMIN_KEY, engines=True) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin, connect(srv) as client:
+            await opened(client)
+            (record,) = (await admin.get("/v1/admin/sessions")).json()["data"]
+            assert record["engine"]["index"] == 0
+            assert record["engine"]["pid"] == srv.runtime.engine_pids()[0]
