@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import sys
 
+import httpx
 import websockets
+import yaml
 
 from clients.python.webrtc import WebRTCSession
-from tests.conftest import http_client, running_server
+from tests.conftest import REPO, free_port, http_client, running_server, serve_process
+from tests.graph.fakes import relay_sink_profile
 from tests.realtime.client import API_KEY, RawClient
 from tests.realtime.fakes import realtime_profile
 from tests.webrtc.helpers import until_true, webrtc_profile
@@ -168,3 +174,27 @@ async def test_a_session_in_an_engine_process_names_its_engine():
             (record,) = (await admin.get("/v1/admin/sessions")).json()["data"]
             assert record["engine"]["index"] == 0
             assert record["engine"]["pid"] == srv.runtime.engine_pids()[0]
+
+
+def test_serve_takes_the_admin_key_from_its_env_and_the_otlp_endpoint_from_its_flag(tmp_path, monkeypatch):
+    config = tmp_path / "ok.yaml"
+    config.write_text(yaml.safe_dump(relay_sink_profile()))
+    port = free_port()
+    monkeypatch.setenv("SGL_OMNI_ADMIN_KEY", ADMIN_KEY)
+    with serve_process(config, port, "--otlp-endpoint", "http://127.0.0.1:4318") as process:
+        url = f"http://127.0.0.1:{port}/v1/admin/sessions"
+        assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json() == {"object": "list", "data": []}
+        assert httpx.get(url).status_code == 401
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    assert "traces of realtime turns go to http://127.0.0.1:4318/v1/traces" in output
+
+
+def test_serve_refuses_an_admin_key_that_is_the_client_key(tmp_path):
+    config = tmp_path / "ok.yaml"
+    config.write_text(yaml.safe_dump(relay_sink_profile()))
+    command = [sys.executable, "-m", "session_server.cli", "serve", "--config", str(config), "--port", str(free_port()),
+               "--api-key", "same", "--admin-key", "same"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "the admin key must differ from the client API key" in result.stderr
