@@ -5,15 +5,17 @@
     DELETE /v1/admin/sessions/{id}   -> {id, object: "admin.session.deleted", deleted: true, session};
                                         404 `session_not_found`
 
-A session (live_sessions.py `SessionRecord`): id, kind, transport (websocket | webrtc), state
-(connected | parked: its client dropped and it waits for a resume), created_at,
+A session (live_sessions.py `SessionRecord`): id, kind (realtime | speech: a speech request
+while it runs), transport (websocket | webrtc | http), state (connected | parked: its client
+dropped and it waits for a resume), created_at,
 last_activity_at, parked_at, turns, kv_tokens, usage so far (usage.py), engine (the engine
 process hosting it), call_id (WebRTC). Shaped after LiveKit's room service (ListParticipants,
 RemoveParticipant) and Ultravox's call management (GET/DELETE a call).
 
 DELETE ends the session as the server's other limits do: a connected client gets
 `session.closed` {reason: "admin_closed"} and the close (close frame 1000; a WebRTC call's peer
-connection closed); a parked session is dropped with its snapshot, so it cannot be resumed. The
+connection closed); a parked session is dropped with its snapshot, so it cannot be resumed; a
+speech request ends with error `admin_closed` (its stream breaks off if it was streaming). The
 answer comes once the session is over (its graph session closed, the client's close sent), or
 with 202 and the session still ending after `END_WAIT_S`.
 

@@ -3,7 +3,8 @@ API (admin.py) lists, reads and ends them.
 
 A realtime session is registered once its graph session is open (the WebSocket in
 realtime/websocket.py, again under the same id when a resume rebuilds it; WebRTC in
-webrtc/routes.py) and forgotten once it is over: its graph session closed and its client told. A
+webrtc/routes.py) and forgotten once it is over: its graph session closed and its client told;
+a speech request (kind `speech`, speech/service.py `SpeechJob`) likewise, while it runs. A
 WebSocket session whose socket dropped stays registered while it is parked for a resume
 (realtime/resume.py); its record says `state: "parked"`.
 
@@ -23,7 +24,7 @@ import msgspec
 
 from session_server.usage import SessionUsage, UsageRecord
 
-Transport = Literal["websocket", "webrtc"]
+Transport = Literal["websocket", "webrtc", "http"]
 # "closed": only in the answer to the DELETE that ended it.
 ConnectionState = Literal["connected", "parked", "closed"]
 
@@ -37,7 +38,8 @@ class SessionProtocol(Protocol):
 
 
 class SessionHost(Protocol):
-    """A transport's side of one session (realtime/websocket.py `_Link`, webrtc/call.py `Call`)."""
+    """A transport's side of one session (realtime/websocket.py `_Link`, webrtc/call.py `Call`,
+    speech/service.py `SpeechJob`)."""
 
     protocol: Any  # a SessionProtocol
     graph: Any  # the graph session; an engine's `RemoteSession` names its engine

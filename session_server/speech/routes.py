@@ -68,8 +68,9 @@ def rejected(exc: SessionRejected) -> SpeechError:
     return SpeechError(503, exc.message, None, exc.code, "server_error")
 
 
-def new_job(service: SpeechService, params: SpeechParams) -> SpeechJob:
+def new_job(service: SpeechService, params: SpeechParams, transport: str = "http") -> SpeechJob:
     return service.job(
+        transport=transport,
         text=params.input,
         voice=params.voice,
         instructions=params.instructions,

@@ -13,6 +13,10 @@ Sessions first: the runtime runs each node task of a `speech` session at
 waiting live-session item before any speech item (speech only fills the rest of a batch), and the
 compute pool's threads take queued live-session calls before queued speech calls; running work is
 never preempted.
+Each request is a session of kind `speech` in the live-sessions registry while it runs
+(session_server/live_sessions.py: the admin API lists it; its DELETE ends the request, whose
+client gets error `admin_closed`).
+
 Speech requests also have their own admission cap (`limits.max_speech_sessions`): past it a
 request gets 503 `speech_capacity_reached` instead of queueing without bound, and they never
 take a live-session slot.
@@ -32,12 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from graph.background import spawn
 from graph.errors import SessionRejected
 from graph.messages import AudioOut, ReplyParams, Turn, TurnDone, Usage
 from graph.runtime import GraphRuntime
 from graph.schema import convert_section
 from session_server.speech.voice_match import REFERENCE_FRAMES, REFERENCE_SEED, REFERENCE_TEXT, SpeakerMatcher
 from session_server.speech.voice_registry import POLICIES, VoiceRegistry
+from session_server.usage import SessionUsage
 
 log = logging.getLogger("session_server.speech")
 
@@ -119,9 +125,11 @@ class ModelVoices:
 
 
 class SpeechService:
-    def __init__(self, runtime: GraphRuntime, config: SpeechConfig, metrics: Any = None):
+    def __init__(self, runtime: GraphRuntime, config: SpeechConfig, metrics: Any = None, sessions: Any = None):
         self.runtime = runtime
         self.config = config
+        # The server's live-sessions registry (session_server/live_sessions.py), where each job is listed.
+        self.sessions = sessions
         # Optional: anything with `first_audio(transport, seconds)` (session_server.metrics).
         self.metrics = metrics
         self._registry: VoiceRegistry | None = None
@@ -172,6 +180,15 @@ class SpeechService:
         return (np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)), rate
 
 
+@dataclass
+class SpeechActivity:
+    """What the live-sessions registry reads of a running job (live_sessions.py `SessionProtocol`)."""
+
+    session_id: str
+    usage: SessionUsage = field(default_factory=SessionUsage)  # its own sums; the /metrics counters are realtime's
+    last_activity_at: float = field(default_factory=time.time)
+
+
 @dataclass(eq=False)
 class SpeechJob:
     """One speech request on the graph. Use as `async with job: async for chunk in job.audio()`."""
@@ -183,12 +200,15 @@ class SpeechJob:
     max_new_tokens: int | None = None
     seed: int | None = None
     id: str = field(default_factory=lambda: f"speech_{uuid.uuid4().hex[:24]}")
+    transport: str = "http"  # how its client reached it: `http`, or `websocket` (/v1/audio/speech/stream)
     usage: Usage | None = None
     status: str | None = None
     finished: bool = False
     closed: bool = False
+    protocol: SpeechActivity | None = None  # set while the job is listed with the live sessions
     _session: Any = None
     _opened_at: float = 0.0
+    _ended_by: str | None = None  # the reason an operator gave (admin API)
 
     async def __aenter__(self) -> SpeechJob:
         await self.open()
@@ -203,6 +223,9 @@ class SpeechJob:
         self._session = await self.service.runtime.open_session(self.id, kind="speech", config={"voice": self.voice},
                                                                 inputs=(SPEECH_INPUT,))
         self.service.active_jobs.add(self)
+        if self.service.sessions is not None:
+            self.protocol = SpeechActivity(self.id)
+            self.service.sessions.add(self, "speech", self.transport)
         sampling = {"seed": self.seed} if self.seed is not None else {}
         turn = Turn(
             turn_id=0,
@@ -228,13 +251,19 @@ class SpeechJob:
                 if first and self.service.metrics is not None:
                     self.service.metrics.first_audio("speech", time.perf_counter() - self._opened_at)
                 first = False
+                if self.protocol is not None:
+                    self.protocol.usage.audio_out(len(message.samples) / message.sample_rate)
                 yield message
             elif isinstance(message, TurnDone):
                 self.usage, self.status = message.usage, message.status
+                if self.protocol is not None and message.usage is not None:
+                    self.protocol.usage.reply_done(message.usage)
                 if message.status not in ("completed", "incomplete"):
                     raise SpeechFailed("speech_failed", f"speech generation {message.status}: {message.reason or 'no reason given'}")
                 self.finished = True
                 return
+        if self._ended_by is not None:
+            raise SpeechFailed(self._ended_by, "An operator ended this speech request (admin API).")
         code, text = session.error or ("speech_failed", f"the speech session ended early ({session.end_reason})")
         raise SpeechFailed(code, text)
 
@@ -245,6 +274,22 @@ class SpeechJob:
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._session.close(reason))
+        if self.service.sessions is not None:
+            self.service.sessions.forget(self)
+
+    # The live-sessions registry's view (session_server/live_sessions.py `SessionHost`).
+    @property
+    def graph(self) -> Any:
+        return self._session
+
+    def parked_at(self) -> float | None:
+        return None
+
+    def end(self, reason: str) -> None:
+        """An operator ends the request: its graph session closes, its client gets error `reason`."""
+        self._ended_by = reason
+        if self._session is not None:
+            spawn(self._session.close(reason), name=f"{self.id}:end")
 
 
 def usage_body(usage: Usage | None) -> dict[str, Any]:

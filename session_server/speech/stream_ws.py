@@ -274,7 +274,7 @@ class SpeechStream:
         )
         total = 0
         failed = False
-        job = new_job(self.service, _with_input(params, unit.text))
+        job = new_job(self.service, _with_input(params, unit.text), transport="websocket")
         try:
             async with job:
                 if config.stream_audio:

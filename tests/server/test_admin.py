@@ -198,3 +198,26 @@ def test_serve_refuses_an_admin_key_that_is_the_client_key(tmp_path):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "the admin key must differ from the client API key" in result.stderr
+
+
+async def test_a_speech_request_is_listed_while_it_runs_and_deleting_it_ends_it_with_admin_closed(tmp_path):
+    from tests.speech.fake_speaker import speaker_profile
+    from tests.speech.helpers import parse_sse
+
+    profile = speaker_profile(tmp_path / "voices", step_delay_s=0.05)
+    async with running_server(profile, enable_realtime=False, admin_key=ADMIN_KEY) as srv:
+        async with http_client(srv, ADMIN_KEY) as admin, http_client(srv) as client:
+            body = {"input": " ".join(["word"] * 200), "stream_format": "sse", "response_format": "pcm"}
+            async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                lines = response.aiter_lines()
+                assert (await anext(lines)).startswith("event: speech.audio.delta")
+                (record,) = (await admin.get("/v1/admin/sessions")).json()["data"]
+                assert (record["kind"], record["transport"], record["state"]) == ("speech", "http", "connected")
+                assert record["usage"]["audio_out_seconds"] > 0
+                deleted = await admin.delete(f"/v1/admin/sessions/{record['id']}")
+                assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+                rest = [line async for line in lines if line]
+            # aiter_lines drops the blank lines between events: put them back
+            events = parse_sse("\n\n".join("\n".join(pair) for pair in zip(rest[1::2], rest[2::2])))
+            assert events[-1][0] == "speech.audio.error" and events[-1][1]["error"]["code"] == "admin_closed"
+            assert (await admin.get("/v1/admin/sessions")).json()["data"] == []
