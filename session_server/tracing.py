@@ -30,7 +30,8 @@ status to ERROR. A committed turn that gets no reply (a transcription session) e
 commit, `sgl_omni.replied: false`, when the session ends.
 
 Turns and replies are matched in order: the next `response.created` answers the oldest
-committed turn not yet answered (replies start in the order their turns were committed).
+committed turn not yet answered (replies start in the order their turns were committed); an
+out-of-band reply (`conversation: "none"`) answers none and is a trace of its own.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ class SessionTrace:
                 self._end_unanswered(self._pending.popleft(), now)
         elif kind == "response.created":
             response = event["response"]
-            turn = self._pending.popleft() if self._pending else self._new_turn(now)
+            out_of_band = response.get("conversation_id") is None  # answers no turn: a trace of its own
+            turn = self._pending.popleft() if self._pending and not out_of_band else self._new_turn(now)
             self._replies[response["id"]] = turn
             turn.root.set_attribute("gen_ai.response.id", response["id"])
             turn.audio_reply = "audio" in (response.get("output_modalities") or ())

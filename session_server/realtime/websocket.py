@@ -388,15 +388,17 @@ async def end_link(link: _Link, writer: asyncio.Task[None], tasks: list[asyncio.
         await asyncio.gather(writer, return_exceptions=True)
         state.resumer.park(link, [t for t in tasks if not t.get_name().endswith(":reader")])
         return
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    if link.graph is not None:
-        await link.graph.close(link.close_reason or "client_closed")
-        if state.resumer is not None:
-            await state.resumer.ended(link)
-    await _finish(link, writer)
-    unregister(link, state)
+    try:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if link.graph is not None:
+            await link.graph.close(link.close_reason or "client_closed")
+            if state.resumer is not None:
+                await state.resumer.ended(link)
+        await _finish(link, writer)
+    finally:
+        unregister(link, state)  # even when cancelled: the admin API never lists a session that is gone
 
 
 async def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeProtocol) -> tuple[str, str] | None:

@@ -180,3 +180,22 @@ async def test_a_webrtc_turn_ends_its_first_audio_span_when_its_audio_reaches_th
     steps = children_of(spans, root)
     assert [s.name for s in steps] == CHILDREN[1:]
     assert steps[-1].end_time == root.end_time
+
+
+def test_an_unanswered_turn_ends_at_its_commit_and_an_out_of_band_reply_is_a_trace_of_its_own():
+    turn_traces, exporter = in_memory()
+    trace = turn_traces.session("sess_1", "websocket")
+    trace.observe({"type": "input_audio_buffer.speech_started", "audio_start_ms": 100, "item_id": "item_1"})
+    trace.observe({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900, "item_id": "item_1"})
+    trace.observe({"type": "input_audio_buffer.committed", "item_id": "item_1"})
+    trace.observe({"type": "response.created", "response": {"id": "resp_oob", "conversation_id": None, "output_modalities": ["text"]}})
+    trace.observe({"type": "response.done", "response": {"id": "resp_oob", "status": "failed", "usage": None,
+                                                         "status_details": {"error": {"code": "tool_choice_unmet"}}}})
+    trace.close()
+    spans = exporter.get_finished_spans()
+    roots = {s.attributes.get("gen_ai.response.id"): s for s in spans if s.name == "realtime.turn"}
+    unanswered, oob = roots[None], roots["resp_oob"]
+    assert unanswered.attributes["sgl_omni.replied"] is False and unanswered.attributes["sgl_omni.input_audio_ms"] == 800
+    (commit,) = children_of(spans, unanswered)
+    assert commit.name == "turn.commit" and unanswered.end_time == commit.end_time
+    assert oob.status.status_code.name == "ERROR" and oob.status.description == "tool_choice_unmet"
