@@ -38,7 +38,8 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
                 await loading
             await state.runtime.stop(0 if not state.runtime.ready else None)
             if state.tracing is not None:
-                state.tracing.shutdown()  # the last turns' spans are exported
+                # The last turns' spans are exported; off the loop (a slow collector waits out its timeout).
+                await asyncio.to_thread(state.tracing.shutdown)
 
     app = FastAPI(title="sgl-omni session server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
