@@ -48,7 +48,7 @@ PREFILLS = {"1k": 1024, "8k": 8192}
 TALKER_BATCHES = (1, 16, 64)
 # The modules the realtime bench's server needs beyond torch and the image (scripts/device-kit.sh carries them).
 SERVER_MODULES = ("msgspec", "fastapi", "starlette", "pydantic", "uvicorn", "websockets", "soxr", "soundfile",
-                  "silero_vad", "multipart", "transformers", "yaml", "uvloop", "httpx", "onnxruntime", "prometheus_client")
+                  "silero_vad", "python_multipart", "transformers", "yaml", "uvloop", "httpx", "onnxruntime", "prometheus_client")
 OPTIONAL_MODULES = {"aiortc": "WebRTC calls", "av": "WebRTC audio and mp3/opus speech", "xgrammar": "tool-call grammars"}
 
 

@@ -30,7 +30,7 @@ PYTHON=${PYTHON:-python3}
 
 # Server and model code beyond the image: every name pinned by constraints.txt. transformers 5.24
 # runs on the image's huggingface_hub (1.33) and tokenizers (0.23.2): within its requirements.
-CORE=(transformers msgspec fastapi starlette pydantic pydantic_core annotated-types
+CORE=(transformers msgspec fastapi starlette opentelemetry-api pydantic pydantic_core annotated-types
       typing-inspection typing_extensions uvicorn websockets soxr soundfile cffi pycparser silero-vad
       python-multipart python-stretch)
 # WebRTC calls (`POST /v1/realtime/calls`) and mp3/opus speech; the server answers 501
@@ -60,6 +60,39 @@ download() {
     --platform any -d "$WHEELS" "${specs[@]}" 2> >(grep -v "^WARNING: Location" >&2)
 }
 
+# What the image has (.library/device/KINDS.md, read 2026-11-17), for the closure check below.
+IMAGE="accelerate anyio annotated-doc certifi click filelock fsspec h11 hf-xet httpcore httpx huggingface-hub
+  idna jinja2 markupsafe matplotlib numpy onnxruntime packaging pillow prometheus-client psutil pyyaml regex
+  requests safetensors tokenizers torch tqdm transformers typer typing-extensions urllib3 uvloop zipp"
+
+closure() {  # every requirement of a carried wheel is carried too, or on the image
+  "$PYTHON" - "$WHEELS" "$IMAGE" <<'PY'
+import pathlib, sys, zipfile
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+norm = lambda name: name.lower().replace("_", "-").replace(".", "-")
+wheels = sorted(pathlib.Path(sys.argv[1]).glob("*.whl"))
+have = {norm(w.name.split("-")[0]) for w in wheels} | {norm(n) for n in sys.argv[2].split()}
+env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
+       "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+       "os_name": "posix", "extra": ""}
+missing = []
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in archive.read(meta).decode().splitlines():
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                if (req.marker is None or req.marker.evaluate(env)) and norm(req.name) not in have:
+                    missing.append(f"{req.name} (for {wheel.name.split('-')[0]})")
+if missing:
+    sys.exit("device-kit: neither carried nor on the image: " + ", ".join(sorted(set(missing))))
+print(f"device-kit: closure ok: every requirement of the {len(wheels)} wheels is carried or on the image")
+PY
+}
+
 wheel_bytes() { find "$WHEELS" -type f -name '*.whl' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
 
 kit() {
@@ -74,6 +107,7 @@ kit() {
       webrtc=no
     fi
   fi
+  closure
   echo "device-kit: wheels in $WHEELS/ (CPython 3.12, x86_64):"
   find "$WHEELS" -type f -name '*.whl' -printf '%s %f\n' | sort -rn | awk '{ printf "  %7.2f MiB  %s\n", $1 / 1048576, $2 }'
   local wheels tree
@@ -89,7 +123,7 @@ kit() {
   [ "$webrtc" = no ] && echo "device-kit: WebRTC is not carried: /v1/realtime/calls answers 501 webrtc_unavailable there"
   echo
   echo "device-kit: carry: [\"$WHEELS\"]  (install prefix on the device: /tmp/sgl-omni-site)"
-  echo "device-kit: the command (timeout_s 540; results under \$OUT):"
+  echo "device-kit: the command (kind nvidia-h200: the bench's 64 sessions need its memory; timeout_s 540; results under \$OUT):"
   echo "  timeout -k 10 480 bash scripts/device-kit.sh run"
   echo "device-kit: the same here on CPU (the dry run):"
   echo "  PYTHON=.venv312/bin/python DEVICE=cpu OUT=bench-results/device-cpu timeout -k 10 480 bash scripts/device-kit.sh run"
@@ -99,12 +133,14 @@ run() {
   local started=$SECONDS total=${TOTAL_S:-470} probe_s=${PROBE_S:-210}
   local device=${DEVICE:-cuda} prefix=${PREFIX:-/tmp/sgl-omni-site} out=${OUT:-bench-results/device}
   mkdir -p "$out"
+  exec > >(tee -a "$out/device-kit.log") 2>&1  # the log comes back with the results
   echo "device-kit run: installing $(find "$WHEELS" -type f -name '*.whl' | wc -l) wheels into $prefix"
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --find-links "$WHEELS" --target "$prefix" "$WHEELS"/*.whl 2> >(grep -v "^WARNING: Location" >&2)
   export PYTHONPATH="$prefix:$PWD" PYTHONUNBUFFERED=1
   "$PYTHON" -m benchmarks.gpu_probe --check --device "$device"
-  local shrink=() bench=(--sessions 1,8,16,32,64)
+  # 64 sessions of at most 8k tokens: 48 GiB of thinker KV beside the 66 GiB of weights on one H200.
+  local shrink=() bench=(--sessions 1,8,16,32,64 --max-sessions 64 --max-seq-len 8192)
   if [ "$device" = cpu ]; then
     shrink=(--shrink 16)
     bench=(--device cpu --dtype float32 --shrink 16 --sessions 1 --quick)
