@@ -2,6 +2,7 @@
 
     python -m benchmarks.random_30b [--out DIR]                       # on one H200: ~5-8 minutes
     python -m benchmarks.random_30b --device cpu --dtype float32 --shrink 16 --sessions 1 --quick
+    python -m benchmarks.random_30b --sessions 1,8,16,32,64 --max-sessions 64 --max-seq-len 8192  # the device kit's
 
 It writes a profile from configs/qwen3_omni_random_h200.yaml (device, dtype and shrink
 overridden), then runs `sgl-omni bench realtime` against a server it starts on that profile: the
@@ -26,14 +27,21 @@ from configs import load_profile
 PROFILE = "qwen3_omni_random_h200.yaml"
 
 
-def profile_for(device: str, dtype: str, shrink: int) -> dict:
+def profile_for(device: str, dtype: str, shrink: int, max_sessions: int | None = None,
+                max_seq_len: int | None = None) -> dict:
+    """The profile, with `max_sessions` sessions of at most `max_seq_len` tokens admitted (the KV
+    budget follows: their product); the profile's own 16 x 32k where not given."""
     profile = load_profile(PROFILE)
     params = profile["resources"]["omni"]["params"]
     params.update(device=device, dtype=dtype, random_shrink=shrink)
-    if device == "cpu":
-        # A CPU-sized copy: a short context keeps each session's KV rows small.
-        params["max_seq_len"] = 4096
-        profile["limits"].update(max_seq_len=4096, kv_tokens=4096 * profile["limits"]["max_sessions"])
+    limits = profile["limits"]
+    if device == "cpu" and max_seq_len is None:
+        max_seq_len = 4096  # a CPU-sized copy: a short context keeps each session's KV rows small
+    if max_sessions is not None or max_seq_len is not None:
+        sessions = max_sessions or limits["max_sessions"]
+        length = max_seq_len or limits["max_seq_len"]
+        params["max_seq_len"] = length
+        limits.update(max_sessions=sessions, max_seq_len=length, kv_tokens=sessions * length)
     return profile
 
 
@@ -43,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--shrink", type=int, default=1, help="divide the model's sizes (16: a CPU-sized copy)")
     parser.add_argument("--sessions", default="1,8,16,32")
+    parser.add_argument("--max-sessions", type=int, default=None,
+                        help="sessions the server admits (default: the profile's 16; 64 fits one H200 at --max-seq-len 8192)")
+    parser.add_argument("--max-seq-len", type=int, default=None, help="tokens per session (default: the profile's 32768)")
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="short levels (the CPU smoke run)")
     parser.add_argument("--deadline", type=float, default=480.0, help="seconds after which remaining levels are skipped")
@@ -52,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = out / f"{args.name}-input-profile.yaml"
-    config.write_text(yaml.safe_dump(profile_for(args.device, args.dtype, args.shrink), sort_keys=False))
+    config.write_text(yaml.safe_dump(profile_for(args.device, args.dtype, args.shrink, args.max_sessions, args.max_seq_len), sort_keys=False))
     bench = ["realtime", "--config", str(config), "--sessions", args.sessions,
              "--turns", str(args.turns), "--deadline", str(args.deadline), "--out", str(out), "--name", args.name,
              "--note", f"random-weight Qwen3-Omni-30B-A3B (shrink {args.shrink}) on {args.device} ({args.dtype})"]

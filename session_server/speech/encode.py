@@ -12,6 +12,8 @@ another `sample_rate` (resampled with soxr, a real band-limited resampler), anot
 | mp3 | MPEG layer III (LAME via PyAV) | audio/mpeg |
 | opus | Opus in an Ogg container (libopus via PyAV) | audio/ogg |
 
+mp3 and opus need PyAV; a server without it offers (and its schema lists) the other three.
+
 Only `wav` and `pcm` can be streamed (the others need the whole clip or a stateful encoder a
 client cannot join mid-way); a streamed WAV starts with a header whose sizes say "unknown"
 (0xFFFFFFFF), which players and decoders read as "until the end of the stream".
@@ -22,12 +24,16 @@ from __future__ import annotations
 import io
 import struct
 
-import av
 import numpy as np
 import soundfile
 import soxr
 
-RESPONSE_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+try:
+    import av
+except ImportError:  # PyAV is optional (session_server/webrtc/availability.py): no mp3 or opus then
+    av = None
+
+RESPONSE_FORMATS = ("wav", "pcm", "flac", "mp3", "opus") if av is not None else ("wav", "pcm", "flac")
 STREAMABLE_FORMATS = ("wav", "pcm")
 SAMPLE_RATES = (8000, 16000, 24000, 48000)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0

@@ -7,6 +7,9 @@
 - the sideband: `GET /v1/realtime?call_id=...` attaches a WebSocket to a live call (sideband.py);
 - a shutdown step that ends every call (peer connections closed) before the runtime stops.
 
+Without aiortc and PyAV installed (availability.py) the server starts all the same: the call
+routes answer 501 `webrtc_unavailable`, said once in the log at startup.
+
 Calls run on the same protocol core (`session_server.realtime.protocol`) and graph as the
 WebSocket sessions; see call.py for what differs on WebRTC, and docs/webrtc.md.
 """
@@ -14,10 +17,12 @@ WebSocket sessions; see call.py for what differs on WebRTC, and docs/webrtc.md.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from fastapi import FastAPI, WebSocket
 
 from session_server.state import ServerState
+from session_server.webrtc.availability import missing_modules
 from session_server.webrtc.client_secrets import ClientSecrets
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.page import add_page_routes
@@ -34,6 +39,9 @@ def install(app: FastAPI, state: ServerState) -> None:
     add_page_routes(app)
     if not state.settings.enable_realtime:
         return
+    if missing := missing_modules():
+        logging.getLogger("session_server.webrtc").warning(
+            "WebRTC calls are off: %s not installed (POST /v1/realtime/calls answers 501)", ", ".join(missing))
     calls = CallRegistry()
     app.state.webrtc_calls = calls
     app.state.client_secrets = client_secrets

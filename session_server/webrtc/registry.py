@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from session_server.webrtc.call import Call
+if TYPE_CHECKING:  # call.py needs aiortc, which is optional (availability.py)
+    from session_server.webrtc.call import Call
 
 
 class CallRegistry:

@@ -9,7 +9,8 @@
 Errors use the OpenAI shape. Order of checks, cheapest first, so that a refused call never
 allocates a peer connection: content type, SDP text (version line, an audio m-line), session
 config, then admission (the graph session), then the peer connection itself; a failure at any
-step releases what the earlier steps took.
+step releases what the earlier steps took. Without aiortc and PyAV (optional: availability.py)
+the call and hangup routes answer 501 `webrtc_unavailable`; client secrets still work.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from session_server.realtime.served import served_model
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.request_body import declared_body
 from session_server.state import ServerState
-from session_server.webrtc.call import Call, OfferError, new_call_id
 from session_server.webrtc.client_secrets import (
     MAX_SECONDS,
     MIN_SECONDS,
@@ -45,7 +45,11 @@ from session_server.webrtc.client_secrets import (
     parse_request,
 )
 from session_server.webrtc.config import WebRTCConfig
+from session_server.webrtc.availability import missing_modules, unavailable_response
 from session_server.webrtc.registry import CallRegistry
+
+if not missing_modules():  # aiortc and PyAV are optional: without them the call routes answer 501
+    from session_server.webrtc.call import Call, OfferError, new_call_id
 
 log = logging.getLogger("session_server.webrtc")
 
@@ -86,8 +90,12 @@ class CallRefused(Exception):
 
 
 def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: CallRegistry, client_secrets: ClientSecrets) -> None:
+    missing = missing_modules()
+
     @app.post("/v1/realtime/calls", openapi_extra=declared_body(OFFER_BODIES))
     async def create_call(request: Request) -> Response:
+        if missing:
+            return unavailable_response(missing)
         try:
             _check_realtime_input(state)
             offer, session = await _read_offer(request)
@@ -115,6 +123,8 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
 
     @app.post("/v1/realtime/calls/{call_id}/hangup")
     async def hangup(call_id: str) -> Response:
+        if missing:
+            return unavailable_response(missing)
         call = calls.get(call_id)
         if call is None:
             return openai_error_response(404, f"No call {call_id!r}.", code="call_not_found", param="call_id")

@@ -30,6 +30,7 @@ import hmac
 import json
 import logging
 from collections import deque
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -37,8 +38,10 @@ from session_server.auth import request_key, subprotocols
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY
 from session_server.state import ServerState
-from session_server.webrtc.call import Call
 from session_server.webrtc.registry import CallRegistry
+
+if TYPE_CHECKING:  # call.py needs aiortc, which is optional (availability.py)
+    from session_server.webrtc.call import Call
 
 log = logging.getLogger("session_server.webrtc")
 
