@@ -42,8 +42,6 @@ Priorities come from the `Batcher`: the session's, set by the runtime for its no
 from __future__ import annotations
 
 import weakref
-from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,39 +49,15 @@ import torch
 from graph.executor import continuation_due, submission_due
 from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache, padded_group
+from nodes.qwen3_omni.thinker_requests import Chunk, Feed, ThinkerError, Work
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
-    from nodes.qwen3_omni.thinker_engine import ThinkerSession
+
+__all__ = ["AGAIN", "Chunk", "Feed", "ThinkerError", "ThinkerExecutor", "ThinkerRunner", "Work", "run_calls"]
 
 # Returned by the batch function for a call that is not finished yet: submit it again.
 AGAIN: Any = type("Again", (), {"__repr__": lambda self: "AGAIN"})()
-
-
-@dataclass
-class Feed:
-    """One token into one session's row; answered with its logits `[vocab]`."""
-
-    slot: int
-    token: int
-    position: int  # rotary position (all three mrope rows: text tokens)
-    owner: Any = None  # the ThinkerSession; the forward checks it still holds `slot`
-
-
-@dataclass
-class Chunk:
-    """Part of a prefill into one row; answered with (logits of its last position, accept-layer hidden or None)."""
-
-    slot: int
-    embeds: torch.Tensor  # [1, q, D]
-    positions: torch.Tensor  # [3, 1, q]
-    deepstack: list[torch.Tensor] | None = None
-    visual_mask: torch.Tensor | None = None  # [1, q]
-    hidden_layer: int | None = None
-    owner: Any = None  # the ThinkerSession; the forward checks it still holds `slot`
-
-
-Work = Generator["Feed | Chunk", Any, Any]
 
 
 class ThinkerRunner:
@@ -227,8 +201,6 @@ class ThinkerRunner:
 def _check_owner(request: Feed | Chunk) -> None:
     """A closed session's row may already belong to another session: never write to it."""
     if request.owner is not None and request.owner._slot != request.slot:
-        from nodes.qwen3_omni.thinker_engine import ThinkerError
-
         raise ThinkerError("session_closed", "the session is closed")
 
 
@@ -285,9 +257,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
         """`indices` whose session still holds its row (with the cache's lock held); the others fail."""
         closed = [index for index in indices if not _owns_row(waiting[index])]
         if closed:
-            from nodes.qwen3_omni.thinker_engine import ThinkerError
-
-            fail(closed, ThinkerError("session_closed", "the session is closed"))
+                fail(closed, ThinkerError("session_closed", "the session is closed"))
         return [index for index in indices if _owns_row(waiting[index])]
 
     for index, call in enumerate(calls):
@@ -383,9 +353,9 @@ class ThinkerExecutor:
                 due = min(first_due, submission_due())
         return result
 
-    async def decode(self, session: ThinkerSession, priority: int | None = None) -> Any:
+    async def decode(self, session: Any, priority: int | None = None) -> Any:
         return await self.call(session.decode_work(), priority)
 
-    async def prefill(self, session: ThinkerSession, turn: dict[str, Any], priority: int | None = None,
+    async def prefill(self, session: Any, turn: dict[str, Any], priority: int | None = None,
                       **options: Any) -> Any:
         return await self.call(session.prefill_work(turn, **options), priority)

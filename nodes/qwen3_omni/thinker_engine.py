@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nodes.qwen3_omni.batched_thinker import Chunk, Feed, ThinkerRunner, Work
+from nodes.qwen3_omni.batched_thinker import ThinkerRunner
+from nodes.qwen3_omni.thinker_requests import Chunk, Feed, ThinkerError, Work
 from nodes.qwen3_omni.thinker_history import History, Segment, TalkerView, turn_media
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder
 
@@ -65,13 +66,6 @@ _CLOSING_RESERVE = 2
 # A prefill goes through the model in chunks of at most this many tokens; between two chunks the
 # shared executor runs the other sessions' decode steps.
 PREFILL_CHUNK_TOKENS = 256
-
-
-class ThinkerError(RuntimeError):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)
