@@ -60,7 +60,7 @@ from graph.errors import SessionRejected
 from graph.messages import Message
 from graph.schema import convert_section
 from session_server.auth import request_key, subprotocols
-from session_server.realtime.compat import PRESETS
+from session_server.realtime.compat import PRESETS, initial_config
 from session_server.realtime.dialect import BETA, beta_requested
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import (
@@ -76,6 +76,8 @@ from session_server.realtime.protocol import (
     reply_input_for,
 )
 from session_server.realtime.served import served_model
+from session_server.realtime.session_config import SessionConfig
+from session_server.realtime.sglang_session import capabilities
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.state import ServerState
 
@@ -334,6 +336,26 @@ def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSetting
     if beta_requested(websocket.scope.get("headers", []), offered):
         protocol.dialect.choose(BETA)
     return _Link(websocket, protocol, settings, state.metrics)
+
+
+def server_capabilities(state: ServerState) -> dict[str, Any]:
+    """`GET /v1/realtime/capabilities` (sglang_session.py): a new WebSocket session's grant, and
+    the bounds a client meets (each named for this server's own limit)."""
+    settings = RealtimeSettings.from_profile(state.settings.profile)
+    served = served_model(state)
+    config = initial_config(settings.compat, SessionConfig(model=state.settings.model_id, served=served))
+    limits = state.runtime.spec.limits
+    bounds = {
+        "max_append_bytes": settings.max_append_chars * 3 // 4,
+        "max_output_bytes": settings.max_output_buffer_bytes,
+        "max_output_stall_s": settings.max_output_stall_s,
+        "max_text_tokens": limits.max_text_tokens,
+        "max_image_pixels": limits.max_image_pixels,
+        "max_output_tokens": served.max_output_tokens,
+        "idle_timeout_s": limits.idle_timeout_s,
+        "max_session_s": limits.max_session_s,
+    }
+    return capabilities(state.settings.model_id, config, settings.max_append_chars * 3 // 4, bounds)
 
 
 def start_tasks(link: _Link, running: list[asyncio.Task[None]] | None = None) -> list[asyncio.Task[None]]:
