@@ -330,7 +330,8 @@ def session_headers(session_id: str) -> list[tuple[bytes, bytes]]:
 
 
 def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSettings, offered: list[str], session_id: str) -> _Link:
-    protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
+    model = state.settings.echoed_model(websocket.query_params.get("model"))  # an alias asked for is echoed
+    protocol = RealtimeProtocol(session_id, model, settings.max_append_chars,
                                 reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
                                 compat=settings.compat, usage_totals=state.metrics.usage)
     if beta_requested(websocket.scope.get("headers", []), offered):
@@ -394,8 +395,8 @@ async def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeP
     Also applies the session config minted into an ephemeral key (`POST /v1/realtime/client_secrets`),
     so the graph starts with it."""
     requested = websocket.query_params.get("model")
-    if requested and requested != state.settings.model_id:
-        return "model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."
+    if requested and not state.settings.serves(requested):
+        return "model_not_found", state.settings.not_served(requested)
     if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
         return "realtime_unavailable", why
     minted_by = getattr(websocket.app.state, "client_secrets", None)
