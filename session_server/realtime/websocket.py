@@ -110,6 +110,9 @@ _encode = msgspec.json.Encoder().encode
 # socket (no close frame: 1006; an error code) leaves a resumable session open (resume.py).
 CLOSE_ABNORMAL = 1006
 FINAL_CLOSE_CODES = frozenset({1000, 1001})
+# Closes the server's WebSocket layer sent because the client broke the protocol (1002, 1007: a
+# text frame that is not UTF-8): that client is not waiting to resume, so its session ends.
+PROTOCOL_ERROR_CODES = frozenset({1002, 1007})
 
 
 class _Link:
@@ -228,7 +231,7 @@ class _Link:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
-                if self.resume_token is not None and message.get("code", CLOSE_ABNORMAL) not in FINAL_CLOSE_CODES:
+                if self.resume_token is not None and message.get("code", CLOSE_ABNORMAL) not in FINAL_CLOSE_CODES | PROTOCOL_ERROR_CODES:
                     self.detach()
                     return
                 self.disconnected = True
