@@ -148,7 +148,9 @@ def parse_speech(
 
     voice = resolve_voice(body.get("voice"), service)
 
-    response_format = body.get("response_format") or "wav"
+    response_format = body.get("response_format")
+    if response_format is None:  # only null is the default: false, 0 or "" is no format
+        response_format = "wav"
     if response_format not in RESPONSE_FORMATS:
         raise bad(
             f"Unsupported response_format '{response_format}'. Supported: {', '.join(RESPONSE_FORMATS)}.", "response_format"
