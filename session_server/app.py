@@ -68,10 +68,12 @@ def create_app(state: ServerState, on_startup_failure: Callable[[], None] | None
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
+        """Every name the server answers to, its own first (model_names.py); `root`: the model behind them."""
         return JSONResponse(
             {
                 "object": "list",
-                "data": [{"id": state.settings.model_id, "object": "model", "created": int(_STARTED), "owned_by": "sgl-omni"}],
+                "data": [{"id": name, "object": "model", "created": int(_STARTED), "owned_by": "sgl-omni",
+                          "root": state.settings.model_root} for name in state.settings.model_names],
             }
         )
 

@@ -5,6 +5,7 @@
                    [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
                    [--realtime-compat sglang-omni-v0] [--server-sched adaptive|batch|normal]
                    [--admin-key KEY] [--otlp-endpoint URL]
+                   [--served-model-name NAME [NAME...]]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what a realtime WebSocket client that does not say which dialect it speaks gets (the "
                             "profile's realtime.compat): sglang-omni-v0 = sglang-omni v0.1.1's beta events, text "
                             "replies and user transcripts by default; default: OpenAI Realtime GA")
+    serve.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                       help="the model names clients may ask for (the profile's served_model_names, replaced): the first "
+                            "is echoed where a client names none and listed first by /v1/models; default: the profile's")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
     serve.add_argument("--server-sched", choices=sched.POLICIES, default=sched.SERVER_DEFAULT,
                        help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH: its "
@@ -134,6 +138,7 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
             profile.setdefault("limits", {})["shutdown_grace_s"] = args.shutdown_grace
         _set_webrtc_candidates(profile, args)
         _set_section_flags(profile, args)
+        _set_served_model_names(profile, args)
         spec = validated_profile(profile)
     except ProfileError as exc:
         log.error("%s", exc)
@@ -218,6 +223,12 @@ def _set_section_flags(profile: dict, args: argparse.Namespace) -> None:
             profile[section] = {}
         if isinstance(profile[section], dict):  # anything else is reported by validation
             profile[section][key] = value
+
+
+def _set_served_model_names(profile: dict, args: argparse.Namespace) -> None:
+    """`--served-model-name` replaces the profile's `served_model_names` (session_server/model_names.py)."""
+    if args.served_model_name:
+        profile["served_model_names"] = list(args.served_model_name)
 
 
 def _is_loopback_host(host: str) -> bool:

@@ -108,6 +108,27 @@ async def run_server(
     return 1 if state.startup_error else 0
 
 
+class BadTextFrameInOneLine(logging.Filter):
+    """A client's WebSocket text frame that is not UTF-8: uvicorn closes the socket with 1007, as
+    RFC 6455 says, and logs `Invalid UTF-8 sequence received from client.` with a traceback at
+    ERROR. That is the client's fault, one per bad frame, and no server failure: one WARNING line
+    saying what was refused and where the bad byte is."""
+
+    MESSAGE = "Invalid UTF-8 sequence received from client."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == self.MESSAGE and record.exc_info:
+            error = record.exc_info[1]
+            where = f" ({error.reason} at byte {error.start})" if isinstance(error, UnicodeDecodeError) else ""
+            record.msg, record.args = "WebSocket text frame that is not UTF-8%s: closed with 1007", (where,)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+BAD_TEXT_FRAME_FILTER = BadTextFrameInOneLine()
+
+
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     # No permessage-deflate: realtime traffic is base64 audio, which barely compresses, and
     # (de)compressing every 20 ms chunk cost ~15% of the event loop at 16 sessions (py-spy).
@@ -116,6 +137,7 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info") -> u
         ws="websockets-sansio", ws_max_size=WS_MAX_MESSAGE_BYTES, ws_per_message_deflate=False,
     )
     redact_access_log()  # after Config, which (re)configures uvicorn's loggers
+    logging.getLogger("uvicorn.error").addFilter(BAD_TEXT_FRAME_FILTER)
     return config
 
 

@@ -10,10 +10,13 @@ from typing import Any
 from graph.runtime import GraphRuntime
 from session_server.live_sessions import LiveSessions
 from session_server.metrics import ServerMetrics
+from session_server.model_names import not_served_message, served_names
 
 
 @dataclass
 class Settings:
+    # The name the server echoes: the first of the profile's `served_model_names` where it lists
+    # any (`--served-model-name`), else the profile's `model_id` (session_server/model_names.py).
     model_id: str
     api_key: str | None = None
     enable_realtime: bool = True
@@ -21,6 +24,25 @@ class Settings:
     profile: dict[str, Any] = field(default_factory=dict)
     # The admin API's own key (admin.py; `--admin-key`): None, no admin API.
     admin_key: str | None = None
+    # Every name a request may ask for, `model_id` first; read from the profile.
+    model_names: tuple[str, ...] = field(init=False)
+    # The profile's `model_id`: the model that really answers, whatever it is called here.
+    model_root: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model_root = self.model_id
+        self.model_names = served_names(self.profile or {}, self.model_id)
+        self.model_id = self.model_names[0]
+
+    def serves(self, requested: Any) -> bool:
+        return isinstance(requested, str) and requested in self.model_names
+
+    def echoed_model(self, requested: Any) -> str:
+        """The model a session shows: the one its client asked for when served here, else the first name."""
+        return requested if self.serves(requested) else self.model_id
+
+    def not_served(self, requested: Any) -> str:
+        return not_served_message(str(requested), self.model_names)
 
 
 class ServerState:

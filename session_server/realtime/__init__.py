@@ -8,6 +8,7 @@ socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: mem
 from __future__ import annotations
 
 from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
 
 from session_server.state import ServerState
 
@@ -23,3 +24,10 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         await serve(websocket, state)
+
+    @app.get("/v1/realtime/capabilities")
+    async def realtime_capabilities() -> JSONResponse:
+        """What a new session is granted, for sglang-omni clients (realtime/sglang_session.py)."""
+        from session_server.realtime.websocket import server_capabilities
+
+        return JSONResponse(server_capabilities(state))

@@ -14,7 +14,12 @@ may never send `session.update`):
 - user transcripts on (`input_audio_transcription` {model: null}): every committed user audio
   turn gets `conversation.item.input_audio_transcription.*`, all of it after that turn's
   `response.done` (protocol.py holds it while the reply is open: their server transcribed in a
-  second pass after the reply, and their clients wait for it in that order).
+  second pass after the reply, and their clients wait for it in that order);
+- turns queued, never cancelled by barge-in (`turn_detection.interrupt_response: false`): their
+  server answered every server VAD turn in order, so an utterance with a pause in it (their
+  `query_to_draw.wav` fixture has ~1 s mid-sentence: two turns here) gets two complete replies,
+  the second waiting for the first (protocol.py's queue of replies), where barge-in would cancel
+  the first with `turn_detected`.
 A client that marks itself GA (a first `session.update` with `type`, `audio` or
 `output_modalities`) gets GA's names from then on, and the beta header or subprotocol chooses plain
 beta, as without a preset; the preset's defaults stay until such a client changes them. Input
@@ -27,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from session_server.realtime.dialect import GA, SGLANG_OMNI_V0
-from session_server.realtime.session_config import SessionConfig, Transcription
+from session_server.realtime.session_config import SessionConfig, Transcription, TurnDetection
 
 PRESETS = (SGLANG_OMNI_V0,)
 
@@ -35,7 +40,8 @@ PRESETS = (SGLANG_OMNI_V0,)
 def initial_config(preset: str | None, config: SessionConfig) -> SessionConfig:
     """A new session's config under `preset` (None: the GA defaults, unchanged)."""
     if preset == SGLANG_OMNI_V0:
-        return replace(config, output_modalities=("text",), transcription=Transcription())
+        return replace(config, output_modalities=("text",), transcription=Transcription(),
+                       turn_detection=TurnDetection(interrupt_response=False))
     return config
 
 

@@ -29,7 +29,8 @@ def install_disabled(app: FastAPI) -> None:
     async def refuse(request: Request) -> JSONResponse:
         return realtime_disabled_response()
 
-    for path in ("/v1/realtime", "/v1/realtime/calls", "/v1/realtime/calls/{call_id}/hangup", "/v1/realtime/client_secrets"):
+    for path in ("/v1/realtime", "/v1/realtime/calls", "/v1/realtime/calls/{call_id}/hangup", "/v1/realtime/client_secrets",
+                 "/v1/realtime/capabilities"):
         app.add_api_route(path, refuse, methods=["GET", "POST"], include_in_schema=False)
 
     @app.websocket("/v1/realtime")

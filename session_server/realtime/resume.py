@@ -253,9 +253,8 @@ async def serve_resume(websocket: WebSocket, state: ServerState, settings: Realt
     token = websocket.query_params.get("resume_token") or ""
     subprotocol = "realtime" if "realtime" in offered else None
     requested = websocket.query_params.get("model")
-    if requested and requested != state.settings.model_id:
-        message = f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."
-        await _refuse(websocket, state, settings, subprotocol, "model_not_found", message)
+    if requested and not state.settings.serves(requested):
+        await _refuse(websocket, state, settings, subprotocol, "model_not_found", state.settings.not_served(requested))
         return
     parked = await resumer.claim(session_id, token) if session_id and token else None
     if parked is not None and not await _still_owner(resumer, session_id):

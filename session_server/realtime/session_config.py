@@ -322,7 +322,8 @@ class SessionConfig:
     def _served_wire(self) -> dict[str, Any]:
         """Which model serves the transcripts, under `session.sglang`: not inside the GA
         transcription object, which strict clients parse field by field (pipecat)."""
-        return {"transcription": {"served_by": self.model}} if self.transcription is not None else {}
+        served_by = self.served.model if self.served is not None and self.served.model else self.model  # not an alias
+        return {"transcription": {"served_by": served_by}} if self.transcription is not None else {}
 
     def _transcription_session_wire(self, session_id: str) -> dict[str, Any]:
         """A `transcription` session as GA shows one: input audio only, nothing about replies."""

@@ -21,6 +21,14 @@ The grant is `turn_based`: replies follow server VAD turns or commits, not a nat
 unit clock. `native_unit_ms` (1000) is the unit a camera frame is bound to (`unit_<n>` in
 `sglang.input_image.accepted`), one frame per unit; the tail policy is `flush` (input ended
 mid-utterance is committed and answered as it is, nothing padded).
+
+`GET /v1/realtime/capabilities` (their clients read it before they connect: their browser page
+shows a voice control only for `supports_reference_audio`, sampling fields for
+`sampling_parameters`, a text-only choice for `"text"` in `output_modalities`, a slice choice from
+`input_image_format`) is what a new session of their dialect is granted, server-wide: the grant's
+fields without `rejections` (nothing was asked yet), every output modality the server can give,
+plus `model` (the name the server echoes) and `limits` (this server's own bounds, see
+`capabilities`).
 """
 
 from __future__ import annotations
@@ -161,6 +169,14 @@ class Negotiation:
         if self.requested_modalities is not None and sorted(set(self.requested_modalities)) != sorted(granted):
             reject("output_modalities", self.requested_modalities, "an audio reply carries its text as the transcript", granted)
         return out
+
+
+def capabilities(model: str, config: Any, max_image_bytes: int, limits: dict[str, Any]) -> dict[str, Any]:
+    """`GET /v1/realtime/capabilities` for a new session whose defaults are `config`."""
+    granted = Negotiation().grant(config, max_image_bytes)
+    del granted["rejections"]
+    granted["output_modalities"] = ["audio", "text"]  # what a session may ask for, not one session's choice
+    return {"model": model, **granted, "limits": limits}
 
 
 def check_timeline(t_start_ms: float | None, input_ms: float, rate: int) -> None:

@@ -60,7 +60,7 @@ from graph.errors import SessionRejected
 from graph.messages import Message
 from graph.schema import convert_section
 from session_server.auth import request_key, subprotocols
-from session_server.realtime.compat import PRESETS
+from session_server.realtime.compat import PRESETS, initial_config
 from session_server.realtime.dialect import BETA, beta_requested
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import (
@@ -76,6 +76,8 @@ from session_server.realtime.protocol import (
     reply_input_for,
 )
 from session_server.realtime.served import served_model
+from session_server.realtime.session_config import SessionConfig
+from session_server.realtime.sglang_session import capabilities
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.state import ServerState
 
@@ -108,6 +110,9 @@ _encode = msgspec.json.Encoder().encode
 # socket (no close frame: 1006; an error code) leaves a resumable session open (resume.py).
 CLOSE_ABNORMAL = 1006
 FINAL_CLOSE_CODES = frozenset({1000, 1001})
+# Closes the server's WebSocket layer sent because the client broke the protocol (1002, 1007: a
+# text frame that is not UTF-8): that client is not waiting to resume, so its session ends.
+PROTOCOL_ERROR_CODES = frozenset({1002, 1007})
 
 
 class _Link:
@@ -242,7 +247,7 @@ class _Link:
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
-                if self.resume_token is not None and message.get("code", CLOSE_ABNORMAL) not in FINAL_CLOSE_CODES:
+                if self.resume_token is not None and message.get("code", CLOSE_ABNORMAL) not in FINAL_CLOSE_CODES | PROTOCOL_ERROR_CODES:
                     self.detach()
                     return
                 self.disconnected = True
@@ -345,7 +350,8 @@ def session_headers(session_id: str) -> list[tuple[bytes, bytes]]:
 
 
 def new_link(websocket: WebSocket, state: ServerState, settings: RealtimeSettings, offered: list[str], session_id: str) -> _Link:
-    protocol = RealtimeProtocol(session_id, state.settings.model_id, settings.max_append_chars,
+    model = state.settings.echoed_model(websocket.query_params.get("model"))  # an alias asked for is echoed
+    protocol = RealtimeProtocol(session_id, model, settings.max_append_chars,
                                 reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
                                 compat=settings.compat, usage_totals=state.metrics.usage)
     if beta_requested(websocket.scope.get("headers", []), offered):
@@ -366,6 +372,24 @@ def unregister(link: _Link, state: ServerState) -> None:
     if link.trace is not None:
         link.trace.close()
         link.trace = None
+def server_capabilities(state: ServerState) -> dict[str, Any]:
+    """`GET /v1/realtime/capabilities` (sglang_session.py): a new WebSocket session's grant, and
+    the bounds a client meets (each named for this server's own limit)."""
+    settings = RealtimeSettings.from_profile(state.settings.profile)
+    served = served_model(state)
+    config = initial_config(settings.compat, SessionConfig(model=state.settings.model_id, served=served))
+    limits = state.runtime.spec.limits
+    bounds = {
+        "max_append_bytes": settings.max_append_chars * 3 // 4,
+        "max_output_bytes": settings.max_output_buffer_bytes,
+        "max_output_stall_s": settings.max_output_stall_s,
+        "max_text_tokens": limits.max_text_tokens,
+        "max_image_pixels": limits.max_image_pixels,
+        "max_output_tokens": served.max_output_tokens,
+        "idle_timeout_s": limits.idle_timeout_s,
+        "max_session_s": limits.max_session_s,
+    }
+    return capabilities(state.settings.model_id, config, settings.max_append_chars * 3 // 4, bounds)
 
 
 def start_tasks(link: _Link, running: list[asyncio.Task[None]] | None = None) -> list[asyncio.Task[None]]:
@@ -407,8 +431,8 @@ async def _refusal(websocket: WebSocket, state: ServerState, protocol: RealtimeP
     Also applies the session config minted into an ephemeral key (`POST /v1/realtime/client_secrets`),
     so the graph starts with it."""
     requested = websocket.query_params.get("model")
-    if requested and requested != state.settings.model_id:
-        return "model_not_found", f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}."
+    if requested and not state.settings.serves(requested):
+        return "model_not_found", state.settings.not_served(requested)
     if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
         return "realtime_unavailable", why
     minted_by = getattr(websocket.app.state, "client_secrets", None)

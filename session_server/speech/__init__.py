@@ -26,7 +26,7 @@ def install(app: FastAPI, state) -> SpeechService:
     from session_server.speech.voices import VOICE_FORM_OVERHEAD, install_voice_routes
 
     service = SpeechService(state.runtime, SpeechConfig.from_profile(state.settings.profile or {}), state.metrics,
-                            sessions=state.sessions)
+                            sessions=state.sessions, model_names=state.settings.model_names)
     app.state.speech = service
     state.uploaded_speaker = lambda name: uploaded_speaker(name, service)  # realtime sessions use uploaded voices too
     install_speech_route(app, service)

@@ -82,10 +82,9 @@ def bad(message: str, param: str | None = None, code: str = "invalid_value") -> 
 
 def check_model(body: dict[str, Any], service: SpeechService) -> None:
     model = body.get("model")
-    served = service.runtime.model_id
     if model is None or model == "":
         return
-    if not isinstance(model, str) or model != served:
+    if not isinstance(model, str) or model not in (service.model_names or (service.runtime.model_id,)):
         raise SpeechError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
 
@@ -149,7 +148,9 @@ def parse_speech(
 
     voice = resolve_voice(body.get("voice"), service)
 
-    response_format = body.get("response_format") or "wav"
+    response_format = body.get("response_format")
+    if response_format is None:  # only null is the default: false, 0 or "" is no format
+        response_format = "wav"
     if response_format not in RESPONSE_FORMATS:
         raise bad(
             f"Unsupported response_format '{response_format}'. Supported: {', '.join(RESPONSE_FORMATS)}.", "response_format"

@@ -125,11 +125,14 @@ class ModelVoices:
 
 
 class SpeechService:
-    def __init__(self, runtime: GraphRuntime, config: SpeechConfig, metrics: Any = None, sessions: Any = None):
+    def __init__(self, runtime: GraphRuntime, config: SpeechConfig, metrics: Any = None, sessions: Any = None,
+                 model_names: tuple[str, ...] = ()):
         self.runtime = runtime
         self.config = config
         # The server's live-sessions registry (session_server/live_sessions.py), where each job is listed.
         self.sessions = sessions
+        # The names a request's `model` may give (session_server/model_names.py); empty: the runtime's model_id.
+        self.model_names = model_names
         # Optional: anything with `first_audio(transport, seconds)` (session_server.metrics).
         self.metrics = metrics
         self._registry: VoiceRegistry | None = None

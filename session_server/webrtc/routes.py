@@ -101,10 +101,11 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
             offer, session = await _read_offer(request)
             key = bearer_key(request.headers.raw)
             minted = client_secrets.session_of(key) or {}
-            _check_model(state, request.query_params.get("model") or session.get("model") or minted.get("model"))
+            requested = request.query_params.get("model") or session.get("model") or minted.get("model")
+            _check_model(state, requested)
             call_id, session_id = new_call_id()
             # audio_deltas=False: reply audio comes out as SendAudio for the media track, not as base64 events
-            protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
+            protocol = RealtimeProtocol(session_id, state.settings.echoed_model(requested), audio_deltas=False,
                                         reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
                                         usage_totals=state.metrics.usage)
             # The key's config first, then what came with the offer, each as a session.update patch.
@@ -143,7 +144,7 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
         try:
             seconds, session = parse_request(body)
             _check_model(state, session.get("model"))
-            protocol = RealtimeProtocol("sess_client_secret", state.settings.model_id, served=served_model(state))
+            protocol = RealtimeProtocol("sess_client_secret", state.settings.echoed_model(session.get("model")), served=served_model(state))
             await _initial_config(protocol, session)
             secret = client_secrets.mint(seconds, session)
         except ClientSecretError as exc:
@@ -200,10 +201,10 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
 
 
 def _check_model(state: ServerState, requested: Any) -> None:
-    if requested and requested != state.settings.model_id:
+    if requested and not state.settings.serves(requested):
         raise CallRefused(
             400,
-            f"The model {requested!r} is not served here; this server serves {state.settings.model_id!r}.",
+            state.settings.not_served(requested),
             "model_not_found",
             "model",
         )

@@ -3,6 +3,9 @@ stays usable unless the error is fatal."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import numpy as np
 import pytest
 import websockets
@@ -228,3 +231,38 @@ async def test_a_browser_can_authenticate_with_the_subprotocol():
             assert ws.subprotocol == "realtime"
             assert b'"session.created"' in (await ws.recv()).encode()
 
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_logs_one_line():
+    records = Records()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    async with server() as srv:
+        uvicorn_log.addHandler(records)
+        try:
+            async with raw_client(srv) as client:
+                assert (await client.recv())["type"] == "session.created"
+                # websockets sends bytes given with text=True as a text frame, unchecked.
+                await client.ws.send(b'{"type": "session.update", "x": "\xff\xfe"}', text=True)
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    while True:
+                        await client.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+            async with asyncio.timeout(10):  # ended, not parked for a resume
+                while srv.runtime.sessions:
+                    await asyncio.sleep(0.05)
+        finally:
+            uvicorn_log.removeHandler(records)
+    refusals = [r for r in records.records if "UTF-8" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in records.records]
+    (refusal,) = refusals
+    assert refusal.levelno == logging.WARNING and refusal.exc_info is None and "\n" not in refusal.getMessage()
+    assert "1007" in refusal.getMessage() and "byte" in refusal.getMessage()

@@ -13,6 +13,7 @@ import math
 import uuid
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import websockets
@@ -365,3 +366,41 @@ def test_drain_events_account_for_every_accepted_millisecond():
     assert (ended["accepted_end_ms"], ended["tail_policy"], ended["client_event_id"]) == (1500.0, "flush", "end")
     assert (drained["accepted_end_ms"], drained["consumed_ms"], drained["discarded_ms"], drained["padding_ms"]) == (1500.0, 1472.0, 28.0, 0.0)
     assert drained["client_event_id"] == "end"
+
+
+# ------------------------------------------------------------------ GET /v1/realtime/capabilities
+
+
+async def test_capabilities_say_what_their_page_reads_and_match_a_new_sessions_grant():
+    """Their browser page (settings.js) reads the capabilities before it connects: a voice control
+    for `supports_reference_audio`, sampling fields for `sampling_parameters`, a text-only choice
+    for "text" in `output_modalities`, a slice choice from `input_image_format`."""
+    async with server() as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            response = await http.get("/v1/realtime/capabilities")
+            assert (await http.get("/v1/realtime/capabilities", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        async with connect(srv) as ws:
+            created = json.loads(await ws.recv())
+            await ws.send(json.dumps({"type": "session.update", "session": {"sglang": {"interaction": "turn_based"}}}))
+            updated = json.loads(await ws.recv())
+
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    caps = response.json()
+    assert caps["model"] == created["session"]["model"] == MODEL
+    assert caps["supports_reference_audio"] is False and caps["native_full_duplex"] is False
+    assert set(caps["sampling_parameters"]) >= {"temperature", "top_p", "top_k"}
+    assert sorted(caps["output_modalities"]) == ["audio", "text"]
+    assert caps["input_image_format"]["max_slice_nums"] == 1
+    assert caps["input_audio_format"] == {"type": "audio/pcm", "rate": 16000}
+    assert "rejections" not in caps and caps["limits"]["max_output_bytes"] > 0
+    # What a session of their dialect is then granted, field for field (but the session's own modalities).
+    granted = updated["session"]["sglang"]["granted"]
+    assert {k: v for k, v in granted.items() if k not in ("rejections", "output_modalities")} == {
+        k: v for k, v in caps.items() if k not in ("model", "limits", "output_modalities")}
+
+
+async def test_capabilities_of_a_server_without_realtime_answer_why():
+    async with running_server(realtime_profile(), enable_realtime=False) as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url) as http:
+            response = await http.get("/v1/realtime/capabilities")
+    assert response.status_code == 403 and response.json()["error"]["code"] == "realtime_disabled"

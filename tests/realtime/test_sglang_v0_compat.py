@@ -38,6 +38,13 @@ def their_audio() -> bytes:
     return pcm16(np.concatenate([speech("Please draw a cat sitting on a red chair.", 16000), silence(1.0, 16000)]))
 
 
+def their_fixture_audio() -> bytes:
+    """The shape of their `query_to_draw.wav` as `test_vad_turn_streams_raw_pcm_audio` sends it:
+    a query with a ~1 s pause mid-sentence (server VAD sees two turns), then 1 s of silence."""
+    return pcm16(np.concatenate([speech("Please draw a cat", 16000), silence(1.0, 16000),
+                                 speech("sitting on a red chair.", 16000), silence(1.0, 16000)]))
+
+
 async def recv_event(ws) -> dict:
     return json.loads(await asyncio.wait_for(ws.recv(), timeout=WS_TIMEOUT))
 
@@ -121,6 +128,35 @@ async def test_their_speech_flow_gets_audio_then_a_message_with_text_and_audio_p
     # The text part says what the audio part's transcript says.
     parts = {part["type"]: part for part in response["output"][0]["content"]}
     assert parts["text"]["text"] == parts["audio"]["transcript"]
+
+
+async def test_their_vad_turn_flow_with_a_pause_mid_sentence_gets_both_replies_each_complete():
+    """`test_vad_turn_streams_raw_pcm_audio`: its fixture's pause makes two turns; v0.1.1 queued
+    them, so the first reply is not cancelled by the second turn's speech (barge-in is off)."""
+    async with running_server(compat_profile(load_profile(None))) as srv:
+        async with websockets.connect(f"{srv.ws_url}/v1/realtime") as ws:
+            created = await recv_event(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "modalities": ["text", "audio"], "input_audio_format": "pcm16", "output_audio_format": "pcm16"}}))
+            assert (await recv_event(ws))["type"] == "session.updated"
+            await stream_audio(ws, their_fixture_audio())
+            events = await recv_until(ws, TRANSCRIPT_DONE, limit=800)  # where their test stops reading
+            while sum(e["type"] == "response.done" for e in events) < 2:
+                events.append(await recv_event(ws))
+
+    types = [e["type"] for e in events]
+    assert types.count("input_audio_buffer.committed") == 2, types
+    # Their assertions, on the first reply (the one before the transcript they read up to) ...
+    response_done_index = types.index("response.done")
+    assert types.index("response.audio.done") < response_done_index
+    assert any(base64.b64decode(e["delta"], validate=True) for e in events[:response_done_index] if e["type"] == "response.audio.delta")
+    # ... and on both.
+    replies = [e["response"] for e in events if e["type"] == "response.done"]
+    assert len(replies) == 2
+    for reply in replies:
+        assert reply["status"] == "completed", reply
+        assert {content["type"] for content in reply["output"][0]["content"]} == {"text", "audio"}
+    assert created["session"]["turn_detection"]["interrupt_response"] is False
 
 
 # --------------------------------------------------------------------------- the preset's rules

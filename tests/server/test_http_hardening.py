@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from session_server.log_redaction import redact
+from session_server.request_size import RequestSizeLimit
 from tests.conftest import running_server
 from tests.realtime.fakes import realtime_profile
 from tests.speech.fake_speaker import speaker_profile
@@ -161,3 +162,56 @@ async def test_an_api_key_in_a_query_string_is_refused_and_never_logged(speech_s
     assert_openai_error(response, 401, "invalid_api_key")
     assert records and all(KEY not in line for line in records)
     assert any("api_key=[redacted]" in line for line in records)
+
+
+async def chunks(total: int, size: int = 64 * 1024):
+    for start in range(0, total, size):
+        yield b" " * min(size, total - start)
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_a_body_far_over_the_bound_gets_its_413_not_a_reset(speech_server, declared):
+    """The server answers while the client is still sending: it reads the rest of the body (up to
+    its drain bound) before the answer and the close, so the client reads the 413 (a lingering
+    close, as nginx's); closing with unread bytes would reset the connection instead."""
+    total = 16 * 1024 * 1024  # several socket buffers past the 64 KiB bound
+    headers = {"content-type": "application/json", **({"content-length": str(total)} if declared else {})}
+    async with client(speech_server) as http:
+        response = await http.post("/v1/audio/speech", content=chunks(total), headers=headers)
+        assert_openai_error(response, 413, "request_too_large")
+        assert (await http.get("/v1/models")).status_code == 200  # and the server goes on
+
+
+async def test_an_sdp_offer_far_over_the_bound_gets_its_413_not_a_reset(realtime_server):
+    total = 16 * 1024 * 1024
+    async with client(realtime_server) as http:
+        response = await http.post("/v1/realtime/calls", content=chunks(total),
+                                   headers={"content-type": "application/sdp", "content-length": str(total)})
+    assert_openai_error(response, 413, "request_too_large")
+
+
+async def refused_reading(declared: int, body_chunks: int) -> tuple[int, int]:
+    """RequestSizeLimit (10-byte bound, 100-byte drain bound) on a request declaring `declared`
+    bytes sent in `body_chunks` chunks of 10: (the status it answers, the chunks it read)."""
+    reads = 0
+    sent: list[dict] = []
+
+    async def receive():
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"x" * 10, "more_body": reads < body_chunks}
+
+    async def send(message):
+        sent.append(message)
+
+    async def never_called(scope, receive, send):
+        raise AssertionError("the app must not see a refused request")
+
+    scope = {"type": "http", "path": "/v1/audio/speech", "headers": [(b"content-length", str(declared).encode())]}
+    await RequestSizeLimit(never_called, max_bytes=10, path_limits={}, drain_bytes=100)(scope, receive, send)
+    return sent[0]["status"], reads
+
+
+async def test_the_rest_of_a_body_is_read_up_to_the_drain_bound_then_answered():
+    assert await refused_reading(declared=50, body_chunks=5) == (413, 5)  # read to its end, then answered
+    assert await refused_reading(declared=1000, body_chunks=100) == (413, 0)  # past the drain bound: answered at once

@@ -145,6 +145,7 @@ async def test_unknown_voice_is_400_listing_the_supported_voices(server):
     "kwargs, message, param",
     [
         ({"response_format": "aac"}, "Unsupported response_format 'aac'", "response_format"),
+        ({"extra_body": {"response_format": False}}, "Unsupported response_format 'False'", "response_format"),
         ({"speed": 0.2}, "speed must be between 0.25 and 4.0", "speed"),
         ({"speed": 4.5}, "speed must be between 0.25 and 4.0", "speed"),
         ({"extra_body": {"sample_rate": 44100}}, "sample_rate must be one of 8000, 16000, 24000, 48000", "sample_rate"),
