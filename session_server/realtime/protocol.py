@@ -202,6 +202,7 @@ def _reply_params(response_id: str, settings: ResponseSettings) -> ReplyParams:
         tools=tuple(tool.to_wire() for tool in settings.tools),
         tool_choice=settings.tool_choice,
         parallel_tool_calls=settings.parallel_tool_calls,
+        truncation=settings.truncation,
     )
 
 
