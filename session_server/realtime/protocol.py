@@ -982,6 +982,17 @@ class RealtimeProtocol:
         self._send("conversation.item.added", previous_item_id=previous, item=item.to_wire())
         if done:
             self._send("conversation.item.done", previous_item_id=previous, item=item.to_wire())
+        self._bound_items()
+
+    def _bound_items(self) -> None:
+        """Past `limits.max_conversation_items` the oldest items leave the client's conversation
+        (graph/limits.py): `conversation.item.deleted` for each. The model's context has its own
+        bound (`session.truncation`), so nothing is rebuilt for them; the newest item always stays."""
+        bound = self.config.served.max_conversation_items if self.config.served is not None else 1024
+        while len(self.items) > max(1, bound):
+            oldest = next(iter(self.items))
+            del self.items[oldest]
+            self._send("conversation.item.deleted", item_id=oldest)
 
     def _part_ref(self, response: Response) -> dict[str, Any]:
         assert response.item is not None

@@ -99,6 +99,7 @@ class ServedModel:
     uploaded_speaker: Callable[[str], str | None] | None = field(default=None, compare=False)
     max_text_tokens: int = DEFAULT_MAX_TEXT_TOKENS  # the profile's `limits` (realtime/input_bounds.py)
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_conversation_items: int = 1024  # the profile's `limits` (graph/limits.py)
 
     def voice(self, requested: str | None) -> str | None:
         """The speaker that will really speak for `requested` (the talker's own rule)."""
