@@ -988,11 +988,14 @@ class RealtimeProtocol:
         """Past `limits.max_conversation_items` the oldest items leave the client's conversation
         (graph/limits.py): `conversation.item.deleted` for each. The model's context has its own
         bound (`session.truncation`), so nothing is rebuilt for them; the newest item always stays."""
-        bound = self.config.served.max_conversation_items if self.config.served is not None else 1024
-        while len(self.items) > max(1, bound):
+        bound = max(1, self.config.served.max_conversation_items if self.config.served is not None else 1024)
+        while len(self.items) > bound:
             oldest = next(iter(self.items))
             del self.items[oldest]
+            self._reply_of_item.pop(oldest, None)
             self._send("conversation.item.deleted", item_id=oldest)
+        while len(self._by_turn) > bound:  # which reply each turn made: the latest turns' only
+            del self._by_turn[next(iter(self._by_turn))]
 
     def _part_ref(self, response: Response) -> dict[str, Any]:
         assert response.item is not None

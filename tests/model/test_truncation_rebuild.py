@@ -83,3 +83,26 @@ def build_call_ids(omni) -> list[int]:
     tokens = omni.tokens
     text = tool_call_text("get_weather", '{"city": "Paris"}')
     return [*tokens.assistant_header, *omni.tokenizer(text, add_special_tokens=False).input_ids, *tokens.closing]
+
+
+def test_what_a_session_keeps_for_rebuilds_is_bounded_by_its_context(omni):
+    """Twelve spoken turns through a context that holds about four: the history's segments, and
+    the encoder outputs kept with them, are those of the turns still in the context."""
+    from tests.model.test_history_rebuild import speech
+
+    session = ThinkerSession(omni, max_reply_tokens=6, max_seq_len=200)
+    session.set_system_prompt(system(omni, "You are terse."))
+    segments = []
+    for n in range(12):
+        spoken = user(omni, audio=speech(1.0, seed=n))
+        incoming = len(spoken["input_ids"]) + session.reply_reserve()
+        session._runner.run_alone(session.drop_oldest_work(session.truncation_plan(AUTO, incoming)))
+        session.prefill(spoken, reply=False, key=f"u{n}")
+        answer(session, omni, f"r{n}")
+        assert session.context_length <= session.max_seq_len
+        kept_audio = sum(s.media["audio_embeds"].shape[0] for s in session.history.segments if "audio_embeds" in s.media)
+        assert kept_audio == session.audio_tokens_in_context
+        segments.append(len(session.history))
+    assert session.history.index_of("u0") is None
+    # Once the context is full the history stops growing: it is not one segment per turn spoken.
+    assert max(segments[6:]) <= max(segments[:6]) < 1 + 2 * 12

@@ -49,3 +49,11 @@ def test_a_long_session_snapshot_holds_at_most_the_bound():
     snapshot = snapshot_of(protocol, "token")
     assert len(snapshot["items"]) == 8
     assert [item["content"][0]["text"] for item in snapshot["items"]] == [f"item {n}" for n in range(42, 50)]
+
+
+def test_the_turns_a_session_remembers_are_bounded_too():
+    protocol = opened(4)
+    for turn in range(20):
+        protocol._by_turn[turn] = f"resp_{turn}"
+        add_text(protocol, f"item {turn}")
+    assert list(protocol._by_turn) == [16, 17, 18, 19]

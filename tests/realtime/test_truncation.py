@@ -34,6 +34,12 @@ async def truncations(srv) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
+async def metric(srv, name: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(srv.base_url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
 @pytest.mark.parametrize("mode", ["auto", {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": {"post_instructions": 120}}])
 async def test_a_conversation_longer_than_the_context_goes_on_and_the_client_keeps_every_item(mode):
     async with running_server(small_context_profile(), api_key=API_KEY) as srv:
@@ -48,6 +54,8 @@ async def test_a_conversation_longer_than_the_context_goes_on_and_the_client_kee
             assert [d.status for d in done] == ["completed"] * len(done)
             assert all(d.usage.input_tokens <= CONTEXT for d in done)
             assert await truncations(srv) >= 1
+            assert await metric(srv, "sgl_omni_context_truncations_total") == await truncations(srv)
+            assert await metric(srv, "sgl_omni_truncation_rebuild_seconds_total") > 0
             # The items that left the model's context are still the client's.
             item_id = first.output[0].id
             await conn.conversation.item.retrieve(item_id=item_id)
