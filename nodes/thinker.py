@@ -450,17 +450,29 @@ class ThinkerNodeSession(NodeSession):
         """Before a turn at the end of the history: the oldest items leave the context when the
         turn and its reply would not fit (nodes/qwen3_omni/truncation.py), the KV is rebuilt once
         and the talker restarts from it. Usually done already, right after the last reply
-        (`_truncate_ahead`); this is the bound that always holds."""
+        (`_truncate_ahead`); this is the bound that always holds. What a reply answers (the items
+        since the last reply) never leaves for it."""
         if message.meta.insert_after is not None:
             return  # an insertion re-prefills from its place anyway; it fits or fails as it did
-        count = self.engine.truncation_plan(self.truncation, self._incoming(message))
+        keep = self._since_last_reply() if message.reply is not None else 0
+        count = self.engine.truncation_plan(self.truncation, self._incoming(message), keep_last=keep)
         await self._truncate(message, count, emit)
+
+    def _since_last_reply(self) -> int:
+        """How many conversation items follow the last reply's in the history (all of them when
+        the history holds no reply of this session's)."""
+        conversation = self.engine.history.conversation(self.engine.context_length)
+        key = self.last_reply_key[1] if self.last_reply_key is not None else None
+        index = self.engine.history.index_of(key) if key is not None else None
+        if index is None:
+            return len(conversation)
+        return sum(1 for i, _ in conversation if i > index)
 
     async def _truncate_ahead(self, message: Embeddings, usage: Any, emit: Emit) -> None:
         """Right after a reply, in the user's pause: when a turn like this one's and its reply
         would not fit, the oldest items leave now (the KV rebuilt before the next turn comes,
         not on its way to first audio). The reply and the turn that asked for it stay."""
-        turn_tokens = max(0, usage.input_tokens - usage.cached_tokens)
+        turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
         count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         await self._truncate(message, count, emit)

@@ -545,6 +545,12 @@ class ThinkerSession:
         limit = min(int(max_reply_tokens or self.max_reply_tokens), self.max_reply_tokens)
         return min(limit, self.max_seq_len // 8) + 1 + _CLOSING_RESERVE
 
+    @property
+    def instructions_length(self) -> int:
+        """The tokens of the context before its conversation (the system prompt with its tools)."""
+        conversation = self.history.conversation(len(self.context_ids))
+        return self.history.segments[conversation[0][0]].start if conversation else len(self.context_ids)
+
     def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0) -> int:
         """How many of the oldest conversation items must leave the context before `incoming` more
         tokens go in (the turn with the pending closing and its reply's reserve), under `mode`
@@ -552,7 +558,7 @@ class ThinkerSession:
         if not self.context_ids:
             return 0
         conversation = self.history.conversation(len(self.context_ids))
-        instructions = self.history.segments[conversation[0][0]].start if conversation else len(self.context_ids)
+        instructions = self.instructions_length
         items = [Item(tokens, self.history.segments[i].pairs_with_previous) for i, tokens in conversation]
         return items_to_drop(items, mode, instructions=instructions, incoming=incoming + len(self.pending),
                              context=self.max_seq_len, keep_last=keep_last)

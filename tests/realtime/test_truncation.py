@@ -53,6 +53,9 @@ async def test_a_conversation_longer_than_the_context_goes_on_and_the_client_kee
             done = [first] + [await text_turn(conn, f"Question number {n}: what do you think?") for n in range(7)]
             assert [d.status for d in done] == ["completed"] * len(done)
             assert all(d.usage.input_tokens <= CONTEXT for d in done)
+            # What a reply answers never leaves for it: every reply sees at least what the first
+            # saw (the instructions, its question, its header), however tight the mode.
+            assert all(d.usage.input_tokens >= first.usage.input_tokens for d in done)
             assert await truncations(srv) >= 1
             assert await metric(srv, "sgl_omni_context_truncations_total") == await truncations(srv)
             assert await metric(srv, "sgl_omni_truncation_rebuild_seconds_total") > 0
