@@ -3,10 +3,11 @@
 With `compute: {unit_trace: DIR}` in the profile, every runtime (each engine process) records
 each unit of compute it ran (a call or a batch: when, how long, its CPU time, the batcher's name
 or the call's function, and for each item the phase of the reply it served), and for each turn
-the moment its `speech_stopped` and its first audio left the graph, each context truncation's rebuild
-(`rebuilds`), and when each node took each message of a session that is not streamed data (`hops`: the turn's way from the dialog through
-preprocessing, encoders and thinker to the talker; audio chunks, hidden chunks, codec frames,
-text deltas and reply audio are left out). At stop it writes them to `DIR/units-<pid>.json`;
+the moment its `speech_stopped` and its first audio left the graph, each rebuild of a session's
+context after a truncation (`rebuilds`), and when each node took each message of a session that
+is not streamed data (`hops`: the turn's way from the dialog through preprocessing, encoders and
+thinker to the talker; audio chunks, hidden chunks, codec frames, text deltas and reply audio are
+left out). At stop it writes them to `DIR/units-<pid>.json`;
 `python -m benchmarks.unit_trace DIR` reads them.
 
 Phases (`PlaybackClock.phase`, graph/session.py): `first` (a reply asked for, no audio yet: the

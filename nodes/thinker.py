@@ -56,6 +56,13 @@ those items the history holds. Each keeps the KV up to the first changed positio
 re-prefills the rest (the next reply's `cached_tokens` counts only the kept prefix); the talker
 then gets the rebuilt history.
 
+Truncation (`ReplyParams.truncation`, the session's `session.truncation`; a turn without a reply
+follows the latest reply's mode): before a turn at the end of the history that would not fit
+with its reply's reserve, and right after a reply when a turn like it would not (in the user's
+pause), the oldest items leave the context (nodes/qwen3_omni/truncation.py), the KV is rebuilt
+once and the talker gets the rebuilt history. Counted in `counters()` (`truncations`,
+`truncated_items`, `truncation_rebuild_tokens`, `truncation_rebuild_ms`) and the unit trace.
+
 Early prefill (server VAD, nodes/dialog.py): a turn with `meta.speculative` is a user
 utterance sent during the pause before its turn ends, under a private item key, with its automatic
 reply under a provisional response id. The thinker prefills it after a

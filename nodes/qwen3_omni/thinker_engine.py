@@ -31,6 +31,10 @@ Invariants (what makes a second turn cost only its new tokens):
   (`system_prompt_work`: a new system prompt; `delete_work`; `prefill_work(insert_after=...)`)
   keep the KV up to the first changed position and re-prefill the rest from the segments' ids
   and kept encoder outputs; the next reply's `cached_tokens` is then at most that kept prefix.
+- Truncation (`truncation_plan`, `drop_oldest_work`; the policy is truncation.py): the oldest
+  conversation items leave the context together, the KV is kept up to the instructions and what
+  stays is re-prefilled once; their segments (and encoder outputs) go with them, so what a
+  session keeps for rebuilds is bounded by its context, not by its length.
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
