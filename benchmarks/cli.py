@@ -1,6 +1,7 @@
-"""`sgl-omni bench [realtime] [speech] [components] [options]`; `sgl-omni bench --compare A.json B.json`.
+"""`sgl-omni bench [realtime] [speech] [components] [soak] [options]`; `sgl-omni bench --compare A.json B.json`.
 
-With no scenario named, all three run. Without `--url` the harness starts the server itself
+With no scenario named, all but `soak` run (`soak`: minutes of sessions that keep talking,
+benchmarks/soak.py; named alone, it is the only one). Without `--url` the harness starts the server itself
 (`python -m session_server.cli serve --enable-realtime` on 127.0.0.1, a free port, the profile
 of `--config` or the embedded default), waits for /health, runs, and stops it. The direct
 `components` scenario runs after the server has stopped, so the two never compete for CPU.
@@ -30,7 +31,8 @@ from benchmarks import report
 from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 from graph.sched import POLICIES, SERVER_DEFAULT, policy_of
 
-SCENARIOS = ("realtime", "webrtc", "speech", "components")
+SCENARIOS = ("realtime", "webrtc", "speech", "components", "soak")
+DEFAULT_SCENARIOS = ("realtime", "webrtc", "speech", "components")
 
 
 def event_loop_factory() -> Any:
@@ -85,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--speech-max-new-tokens", type=int, help="speech: max_new_tokens per request (default: the server's)")
     load.add_argument("--voice", help="voice for replies and speech (default: the model's)")
     load.add_argument("--fixtures", choices=["auto", "espeak", "synthetic"], default="auto", help="speech input: espeak-ng if installed (auto), or a synthetic voiced signal")
+    load.add_argument("--minutes", type=float, default=10.0, help="soak: minutes the sessions keep talking (default 10)")
+    load.add_argument("--window-minutes", type=float, default=5.0, help="soak: the report's window (default 5; shorter for short runs)")
+    load.add_argument("--truncation", default="auto", help="soak: the sessions' session.truncation: auto | disabled | retention_ratio:R[:N] (default auto)")
+    load.add_argument("--max-seq-len", type=int, help="the started server's thinker context (the model's max_seq_len and limits.max_seq_len), "
+                      "e.g. 2048 so that soak sessions truncate within minutes")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--deadline", type=float, default=540.0, help="seconds after which remaining levels are skipped (default 540)")
     output = parser.add_argument_group("output")
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.speech import SpeechSettings
 
     started = time.monotonic()
-    scenarios = list(dict.fromkeys(args.scenarios)) or list(SCENARIOS)
+    scenarios = list(dict.fromkeys(args.scenarios)) or list(DEFAULT_SCENARIOS)
     quick = args.quick
     realtime_settings = RealtimeSettings(
         turns=args.turns or (1 if quick else 2),
@@ -176,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         doc["note"] = args.note
     deadline = started + args.deadline
     out = Path(args.out)
-    if {"realtime", "webrtc", "speech"} & set(scenarios):
+    if {"realtime", "webrtc", "speech", "soak"} & set(scenarios):
         _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtime_settings, speech_settings, deadline, out)
         if args.unit_trace and not args.url:
             from benchmarks import unit_trace
@@ -227,7 +234,10 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         needed = [*((*sessions, *spread_sessions) if "realtime" in scenarios else ()), *(doc["settings"]["webrtc"]["sessions"] if "webrtc" in scenarios else ()), 1]
         if "realtime" in scenarios and args.find_capacity:
             needed.append(args.capacity_limit)
-        context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace, sched=args.server_sched)
+        if "soak" in scenarios:
+            needed.append(sessions[0])
+        context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace, sched=args.server_sched,
+                                max_seq_len=args.max_seq_len)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path,
                          "sched": (args.server_sched or SERVER_DEFAULT) if server.started_by_harness else policy_of(server.pid)}
@@ -283,6 +293,8 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
                     probe, list(levels),
                     one["ttfa_from_speech_stopped_ms"]["p50"], deadline, args.capacity_limit)
                 print(f"capacity: {doc['realtime']['capacity']['sessions']} sessions", file=sys.stderr)
+        if "soak" in scenarios:
+            doc["soak"] = _run_soak(server, args, sessions[0], utterances, realtime_settings)
         if "webrtc" in scenarios:
             doc["webrtc"] = _run_webrtc(server, args, doc["settings"]["webrtc"]["sessions"], utterances, realtime_settings, deadline)
         if "speech" in scenarios:
@@ -294,6 +306,18 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
                 doc["speech"]["server"] = monitor.summary(1)
                 doc["speech"]["client_cpu_percent"] = client.cpu_percent()
                 print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)
+
+
+def _run_soak(server, args, sessions: int, utterances, settings) -> dict[str, Any]:
+    from benchmarks import soak
+
+    soak_settings = soak.SoakSettings(
+        minutes=args.minutes, window_s=args.window_minutes * 60.0, truncation=soak.parse_truncation(args.truncation),
+        realtime=dataclasses.replace(settings, gap_s=3.0), sample_s=min(5.0, args.window_minutes * 60.0 / 4))
+    result = soak.run(server, args.api_key, sessions, utterances, soak_settings, event_loop_factory())
+    result["max_seq_len"] = args.max_seq_len
+    print(soak.render(result), file=sys.stderr)
+    return result
 
 
 def _run_webrtc(server, args, counts, utterances, settings, deadline) -> dict[str, Any]:

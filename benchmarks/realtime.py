@@ -53,6 +53,9 @@ class Reply:
     output_tokens: int | None = None
     text_tokens: int = 0  # usage.output_token_details: thinker tokens
     audio_tokens: int = 0  # ... and talker codec frames
+    input_tokens: int | None = None  # usage: the model's context at the reply
+    cached_tokens: int | None = None  # ... of it reused from the KV cache
+    reason: str | None = None  # status_details.reason (or its error's code) when not completed
 
 
 @dataclass
@@ -174,6 +177,15 @@ class _Session:
         return self.result
 
     async def _converse(self, ws: Any) -> None:
+        await self._configure(ws)
+        clock = Pacer()
+        for turn_index, utterance in enumerate(self.utterances):
+            if not await self._speak_turn(ws, clock, turn_index, utterance):
+                break
+        self.result.client_lag_s = clock.worst_lag_s
+
+    def session_config(self) -> dict[str, Any]:
+        """The `session.update` the user sends first (PCM16 in and out, server VAD)."""
         session: dict[str, Any] = {
             "type": "realtime",
             "output_modalities": ["audio"],
@@ -189,37 +201,42 @@ class _Session:
             session["max_output_tokens"] = self.settings.max_output_tokens
         if self.settings.voice:
             session["audio"]["output"]["voice"] = self.settings.voice
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        return session
+
+    async def _configure(self, ws: Any) -> None:
+        await ws.send(json.dumps({"type": "session.update", "session": self.session_config()}))
         await self._wait_updated(30)
-        clock = Pacer()
-        for turn_index, utterance in enumerate(self.utterances):
-            if self.closed.is_set():
-                if not self._explained:
-                    self.result.errors.append("closed_by_server")
-                return
-            self.turn = TurnRecord(self.index, turn_index, user_audio_start=time.perf_counter())
-            self.turn_done.clear()
-            self.result.turns.append(self.turn)
-            for message in _append_messages(utterance):
-                await clock.tick()
-                await ws.send(message)
-            self.turn.user_audio_end = time.perf_counter()
-            self._check_done()
-            deadline = time.perf_counter() + self.settings.turn_timeout_s
-            while not self.turn_done.is_set() and not self.closed.is_set():
-                if time.perf_counter() > deadline:
-                    self.turn.error = "turn_timeout"
-                    self.result.errors.append("turn_timeout")
-                    break
-                await clock.tick()
-                await ws.send(SILENCE_MESSAGE)
-            if self.turn.error:
+
+    async def _speak_turn(self, ws: Any, clock: Pacer, turn_index: int, utterance: Utterance) -> bool:
+        """One spoken turn at wall-clock pace, silence until its reply is done, then the gap.
+        False: the session cannot go on (closed by the server, or the turn timed out)."""
+        if self.closed.is_set():
+            if not self._explained:
+                self.result.errors.append("closed_by_server")
+            return False
+        self.turn = TurnRecord(self.index, turn_index, user_audio_start=time.perf_counter())
+        self.turn_done.clear()
+        self.result.turns.append(self.turn)
+        for message in _append_messages(utterance):
+            await clock.tick()
+            await ws.send(message)
+        self.turn.user_audio_end = time.perf_counter()
+        self._check_done()
+        deadline = time.perf_counter() + self.settings.turn_timeout_s
+        while not self.turn_done.is_set() and not self.closed.is_set():
+            if time.perf_counter() > deadline:
+                self.turn.error = "turn_timeout"
+                self.result.errors.append("turn_timeout")
                 break
-            gap_end = time.perf_counter() + self.settings.gap_s
-            while time.perf_counter() < gap_end and not self.closed.is_set():
-                await clock.tick()
-                await ws.send(SILENCE_MESSAGE)
-        self.result.client_lag_s = clock.worst_lag_s
+            await clock.tick()
+            await ws.send(SILENCE_MESSAGE)
+        if self.turn.error:
+            return False
+        gap_end = time.perf_counter() + self.settings.gap_s
+        while time.perf_counter() < gap_end and not self.closed.is_set():
+            await clock.tick()
+            await ws.send(SILENCE_MESSAGE)
+        return True
 
     async def _wait_updated(self, timeout: float) -> None:
         """Until `session.updated`; a server that closes first (e.g. `session_limit_reached`) ends the wait."""
@@ -291,6 +308,10 @@ class _Session:
                 reply.output_tokens = usage.get("output_tokens")
                 reply.text_tokens = int(details.get("text_tokens") or 0)
                 reply.audio_tokens = int(details.get("audio_tokens") or 0)
+                reply.input_tokens = usage.get("input_tokens")
+                reply.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
+                status_details = response.get("status_details") or {}
+                reply.reason = status_details.get("reason") or (status_details.get("error") or {}).get("code")
                 # `incomplete` is a reply cut at max_output_tokens, as asked: not an error.
                 if reply.status in ("failed", "cancelled"):
                     self.result.errors.append(f"response_{reply.status}")

@@ -32,12 +32,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_profile(config: str | None, max_sessions: int) -> dict[str, Any]:
-    """The profile to serve: `config` (or the embedded default) with room for `max_sessions`."""
+def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None = None) -> dict[str, Any]:
+    """The profile to serve: `config` (or the embedded default) with room for `max_sessions`;
+    `max_seq_len` lowers the thinker's context (every model resource's and `limits.max_seq_len`)."""
     from configs import load_profile
 
     profile = load_profile(config)
     limits = profile.setdefault("limits", {})
+    if max_seq_len is not None:
+        limits["max_seq_len"] = max_seq_len
+        for resource in profile.get("resources", {}).values():
+            if isinstance(resource, dict) and resource.get("type") == "qwen3_omni.model":
+                resource.setdefault("params", {})["max_seq_len"] = max_seq_len
     limits["max_sessions"] = max(int(limits.get("max_sessions", 8)), max_sessions)
     if limits.get("kv_tokens") and limits.get("max_seq_len"):
         limits["kv_tokens"] = max(int(limits["kv_tokens"]), max_sessions * int(limits["max_seq_len"]))
@@ -70,8 +76,9 @@ class ManagedServer:
     """A server subprocess for the length of a `with` block."""
 
     def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0,
-                 unit_trace: str | None = None, sched: str | None = None):
+                 unit_trace: str | None = None, sched: str | None = None, max_seq_len: int | None = None):
         self.config = config
+        self.max_seq_len = max_seq_len
         self.sched = sched
         self.unit_trace = unit_trace
         self.max_sessions = max_sessions
@@ -84,7 +91,7 @@ class ManagedServer:
     def __enter__(self) -> ServerHandle:
         import yaml
 
-        profile = bench_profile(self.config, self.max_sessions)
+        profile = bench_profile(self.config, self.max_sessions, self.max_seq_len)
         if self.unit_trace:
             profile.setdefault("compute", {})["unit_trace"] = str(Path(self.unit_trace).resolve())
         # Kept beside the log: the exact profile that was measured.

@@ -104,8 +104,20 @@ def summarize(directory: str, gap_s: float = 3.0, windows: list[tuple[str, float
             levels = [(f"level {index + 1}", level) for index, level in enumerate(levels_of(turns, gap_s))]
         else:
             levels = [(label, [t for t in turns if start <= t[0] <= end]) for label, start, end in windows]
-        summaries.append({"file": path.name, "levels": [{"level": label, **level_summary(trace["units"], level)} for label, level in levels if level]})
+        summaries.append({"file": path.name, "levels": [{"level": label, **level_summary(trace["units"], level)} for label, level in levels if level],
+                          "rebuilds": rebuilds_summary(trace.get("rebuilds", []))})
     return summaries
+
+
+def rebuilds_summary(rebuilds: list[list[Any]]) -> dict[str, Any]:
+    """The context rebuilds after truncations (graph/unit_trace.py `rebuilds`): how many, their
+    wall time (queueing included), and the items they dropped and tokens they re-prefilled."""
+    return {
+        "count": len(rebuilds),
+        "seconds": round(sum(ended - started for started, ended, *_ in rebuilds), 3),
+        "items_dropped": sum(r[3] for r in rebuilds),
+        "tokens_prefilled": sum(r[4] for r in rebuilds),
+    }
 
 
 def summarize_when_written(directory: str, windows: list[tuple[str, float, float]] | None = None, wait_s: float = 10.0) -> list[dict[str, Any]]:
@@ -128,6 +140,10 @@ def print_summaries(summaries: list[dict[str, Any]], file: Any = sys.stdout) -> 
             print("    busy: " + ", ".join(f"{key} {value:.2f}s" for key, value in list(level["busy_s"].items())[:8]), file=file)
             print(f"    slowest {slowest['turns']} (mean {slowest['ttfa_ms_mean']} ms) waited on: "
                   + ", ".join(f"{phase} {ms} ms" for phase, ms in slowest["engine_ms_by_phase"].items()), file=file)
+        rebuilds = summary.get("rebuilds") or {}
+        if rebuilds.get("count"):
+            print(f"  context rebuilds after truncations: {rebuilds['count']}, {rebuilds['seconds']} s, "
+                  f"{rebuilds['items_dropped']} items dropped, {rebuilds['tokens_prefilled']} tokens re-prefilled", file=file)
 
 
 def main(argv: list[str] | None = None) -> int:

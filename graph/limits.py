@@ -42,6 +42,12 @@ class SessionLimits:
     # One input image's pixels, read from its header before any decode: past it `invalid_image`.
     # Cost of a decoded image: 3-4 bytes a pixel (64 MiB at the default 4096x4096).
     max_image_pixels: int = 4096 * 4096
+    # Items a realtime session's conversation keeps for the client (`conversation.item.retrieve`,
+    # resume snapshots, the replay of a resumed session). Past it the oldest item leaves the
+    # conversation: the client gets `conversation.item.deleted` for it, as if it had deleted it;
+    # the model's context is bounded by its own truncation (`session.truncation`) and is not
+    # rebuilt for it. Cost: an item's text and transcript (no audio is kept), per session.
+    max_conversation_items: int = 1024
     # One HTTP request body (the server's ASGI layer; a voice upload has its own bound): past it
     # 413 `request_too_large`, before the body is read.
     max_request_bytes: int = 4 * 1024 * 1024

@@ -80,6 +80,20 @@ class SpeechPaused(Message, kw_only=True):
     resumed: bool = False
 
 
+class Truncation(msgspec.Struct, kw_only=True, frozen=True):
+    """How the model's context makes room when the conversation would not fit it (GA
+    `session.truncation`): `auto` drops the oldest items until the next turn and its reply fit;
+    `disabled` fails the turn with `context_exhausted`; `retention_ratio` drops the oldest items,
+    once the conversation after the instructions would pass `post_instructions` tokens (None: the
+    context less the reply's reserve), down to `retention_ratio` of that limit, so that
+    truncations are rare and the cached prefix survives most turns. The instructions and tools are
+    never dropped; dropped items stay in the client's conversation (nodes/qwen3_omni/truncation.py)."""
+
+    type: str = "auto"  # auto | disabled | retention_ratio
+    retention_ratio: float = 1.0
+    post_instructions: int | None = None
+
+
 class ReplyParams(msgspec.Struct, kw_only=True):
     """What a reply should look like (from session config and `response.create`)."""
 
@@ -96,6 +110,9 @@ class ReplyParams(msgspec.Struct, kw_only=True):
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, str] = "auto"
     parallel_tool_calls: bool = True
+    # The session's truncation mode in force for this reply (and, until the next reply says
+    # otherwise, for the turns without a reply that follow it).
+    truncation: Truncation = msgspec.field(default_factory=Truncation)
 
 
 class Turn(Message, kw_only=True):

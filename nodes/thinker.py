@@ -56,6 +56,13 @@ those items the history holds. Each keeps the KV up to the first changed positio
 re-prefills the rest (the next reply's `cached_tokens` counts only the kept prefix); the talker
 then gets the rebuilt history.
 
+Truncation (`ReplyParams.truncation`, the session's `session.truncation`; a turn without a reply
+follows the latest reply's mode): before a turn at the end of the history that would not fit
+with its reply's reserve, and right after a reply when a turn like it would not (in the user's
+pause), the oldest items leave the context (nodes/qwen3_omni/truncation.py), the KV is rebuilt
+once and the talker gets the rebuilt history. Counted in `counters()` (`truncations`,
+`truncated_items`, `truncation_rebuild_tokens`, `truncation_rebuild_ms`) and the unit trace.
+
 Early prefill (server VAD, nodes/dialog.py): a turn with `meta.speculative` is a user
 utterance sent during the pause before its turn ends, under a private item key, with its automatic
 reply under a provisional response id. The thinker prefills it after a
@@ -85,6 +92,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +111,7 @@ from graph.messages import (
     ReplyParams,
     TextDelta,
     Truncate,
+    Truncation,
     TurnDone,
     Usage,
 )
@@ -134,6 +143,10 @@ class Thinker(Node):
         # Early prefills by outcome since start: `early_prefill` (speculative utterances),
         # `early_prefill_confirmed`, `early_prefill_dropped` (retracted: the speaker went on).
         self.early_prefills: collections.Counter[str] = collections.Counter()
+        # Context truncations since start (`truncations`, `truncated_items`), what their rebuilds
+        # re-prefilled (`truncation_rebuild_tokens`) and how long they took, queueing included
+        # (`truncation_rebuild_ms`): /metrics `sgl_omni_node_events`, beside the early prefills.
+        self.truncations: collections.Counter[str] = collections.Counter()
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
@@ -166,7 +179,7 @@ class Thinker(Node):
         return ThinkerNodeSession(self, session)
 
     def counters(self) -> dict[str, int]:
-        return dict(self.early_prefills)
+        return {**self.early_prefills, **self.truncations}
 
     def keep_warm(self):
         """The thinker's decoder layers over 8 padding tokens (no cache kept)."""
@@ -207,6 +220,8 @@ class ThinkerNodeSession(NodeSession):
         self.pending_truncate: int | None = None  # heard reply tokens, applied before the next model call
         self.interrupted = False
         self.speculation: _Speculation | None = None
+        # The session's truncation mode: as it opened, then as its latest reply says.
+        self.truncation = msgspec.convert(session.config.get("truncation") or {}, Truncation)
         self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
                                        int(node.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)))
 
@@ -274,6 +289,7 @@ class ThinkerNodeSession(NodeSession):
                                              code="tools_unsupported", message=str(error), response_id=reply.response_id))
                 return
             self.engine.set_sampling(self._sampling_for(reply))
+            self.truncation = reply.truncation
             # From here on an Interrupt naming this reply reaches it, even during the prefill
             # (a confirm named it before this: one that came since then stands).
             if self.reply_key != (message.turn_id, reply.response_id):
@@ -281,6 +297,7 @@ class ThinkerNodeSession(NodeSession):
         try:
             if await self._edit_history(message, emit):
                 return
+            await self._make_room(message, emit)
             prefill = await self._prefill(message, calls)
         except ThinkerError as error:
             await self._fail(message, error, emit)
@@ -307,6 +324,7 @@ class ThinkerNodeSession(NodeSession):
                 key=message.item_id or (reply.response_id if reply is not None else None),
                 reply_key=reply.response_id if reply is not None else None,
                 insert_after=message.meta.insert_after,
+                function_output=message.meta.role == "tool",
             ),
         )
 
@@ -338,7 +356,7 @@ class ThinkerNodeSession(NodeSession):
         system_ids = message.tensors.get("system_ids")
         if reply is None or message.meta.insert_after is not None or (
             system_ids is not None and self.engine.system_prompt_changes(system_ids)
-        ):
+        ) or self._room_needed(message, reply.truncation):
             return
         try:
             calls = ToolCallDecoder.for_reply(self.node.omni, reply.tools, reply.tool_choice, reply.parallel_tool_calls)
@@ -422,6 +440,67 @@ class ThinkerNodeSession(NodeSession):
         if rebuilt:
             await self._restart_talker(message, emit)
         return delete_key is not None
+
+    # ------------------------------------------------------------------ truncation
+
+    def _incoming(self, message: Embeddings) -> int:
+        """The tokens the turn needs in the context: its own, and its reply's reserve."""
+        reply = message.reply
+        ids = len(message.tensors["input_ids"])
+        return ids + (self.engine.reply_reserve(reply.max_output_tokens) if reply is not None else 2)
+
+    def _room_needed(self, message: Embeddings, mode: Truncation) -> bool:
+        """Whether the turn would truncate the conversation first (no change)."""
+        return self.engine.truncation_plan(mode, self._incoming(message)) > 0
+
+    async def _make_room(self, message: Embeddings, emit: Emit) -> None:
+        """Before a turn at the end of the history: the oldest items leave the context when the
+        turn and its reply would not fit (nodes/qwen3_omni/truncation.py), the KV is rebuilt once
+        and the talker restarts from it. Usually done already, right after the last reply
+        (`_truncate_ahead`); this is the bound that always holds. What a reply answers (the items
+        since the last reply) never leaves for it."""
+        if message.meta.insert_after is not None:
+            return  # an insertion re-prefills from its place anyway; it fits or fails as it did
+        keep = self._since_last_reply() if message.reply is not None else 0
+        count = self.engine.truncation_plan(self.truncation, self._incoming(message), keep_last=keep)
+        await self._truncate(message, count, emit)
+
+    def _since_last_reply(self) -> int:
+        """How many conversation items follow the last reply's in the history (all of them when
+        the history holds no reply of this session's)."""
+        conversation = self.engine.history.conversation(self.engine.context_length)
+        key = self.last_reply_key[1] if self.last_reply_key is not None else None
+        index = self.engine.history.index_of(key) if key is not None else None
+        if index is None:
+            return len(conversation)
+        return sum(1 for i, _ in conversation if i > index)
+
+    async def _truncate_ahead(self, message: Embeddings, usage: Any, emit: Emit) -> None:
+        """Right after a reply, in the user's pause: when a turn like this one's and its reply
+        would not fit, the oldest items leave now (the KV rebuilt before the next turn comes,
+        not on its way to first audio). The reply and the turn that asked for it stay."""
+        turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
+        incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
+        count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
+        await self._truncate(message, count, emit)
+
+    async def _truncate(self, message: Embeddings, count: int, emit: Emit) -> None:
+        if count <= 0:
+            return
+        started = time.perf_counter()
+        tokens = await self.node.executor.call(self.engine.drop_oldest_work(count))
+        ended = time.perf_counter()
+        counts = self.node.truncations
+        counts["truncations"] += 1
+        counts["truncated_items"] += count
+        counts["truncation_rebuild_tokens"] += tokens
+        counts["truncation_rebuild_ms"] += round(1000 * (ended - started))
+        trace = getattr(self.node.context.compute, "trace", None)
+        if trace is not None:
+            trace.rebuild(message.session_id, started, ended, count, tokens)
+        if self.last_reply_key is not None and self.engine.history.index_of(self.last_reply_key[1]) is None:
+            self.last_reply_key = None  # it left the context: a Truncate cannot name it any more
+        await self._restart_talker(message, emit)
 
     async def _restart_talker(self, message: Embeddings, emit: Emit) -> None:
         view = self.engine.talker_view()
@@ -519,6 +598,11 @@ class ThinkerNodeSession(NodeSession):
                 transcript=transcript,
             ),
         )
+        if status != "cancelled" and not reply.out_of_band:
+            try:
+                await self._truncate_ahead(message, usage, emit)
+            except ThinkerError:
+                pass  # the next turn's own `_make_room` decides again
 
     async def _apply_truncate(self) -> None:
         heard, self.pending_truncate = self.pending_truncate, None

@@ -87,7 +87,14 @@ class _RuntimeCollector(Collector):
                                     labels=["executor"])
         events = CounterMetricFamily("sgl_omni_node_events", "Events the nodes count (the thinker's early prefills by outcome)",
                                      labels=["node", "event"])
+        # Context truncations (session.truncation) and the time their KV rebuilds took, from the
+        # thinker's counters (also among the node events): rebuild seconds / truncations = the mean.
+        truncations = CounterMetricFamily("sgl_omni_context_truncations", "Times a session's oldest items left the model's context")
+        rebuild = CounterMetricFamily("sgl_omni_truncation_rebuild_seconds", "Seconds the KV rebuilds after truncations took, queueing included")
         if runtime is not None:
+            counted = runtime.node_counters()
+            truncations.add_metric([], sum(c.get("truncations", 0) for c in counted.values()))
+            rebuild.add_metric([], sum(c.get("truncation_rebuild_ms", 0) for c in counted.values()) / 1000.0)
             for name, (runs, held) in sorted(runtime.batch_counts().items()):
                 batches.add_metric([name], runs)
                 items.add_metric([name], held)
@@ -103,6 +110,9 @@ class _RuntimeCollector(Collector):
         yield batches
         yield items
         yield events
+        if runtime is not None:
+            yield truncations
+            yield rebuild
         if self._free_slots is not None:
             # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
             yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",

@@ -31,6 +31,10 @@ Invariants (what makes a second turn cost only its new tokens):
   (`system_prompt_work`: a new system prompt; `delete_work`; `prefill_work(insert_after=...)`)
   keep the KV up to the first changed position and re-prefill the rest from the segments' ids
   and kept encoder outputs; the next reply's `cached_tokens` is then at most that kept prefix.
+- Truncation (`truncation_plan`, `drop_oldest_work`; the policy is truncation.py): the oldest
+  conversation items leave the context together, the KV is kept up to the instructions and what
+  stays is re-prefilled once; their segments (and encoder outputs) go with them, so what a
+  session keeps for rebuilds is bounded by its context, not by its length.
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -57,6 +61,10 @@ from nodes.qwen3_omni.batched_thinker import ThinkerRunner
 from nodes.qwen3_omni.thinker_requests import Chunk, Feed, ThinkerError, Work
 from nodes.qwen3_omni.thinker_history import History, Segment, TalkerView, turn_media
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder
+from nodes.qwen3_omni.truncation import Item, items_to_drop
+
+if TYPE_CHECKING:
+    from graph.messages import Truncation
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
@@ -241,11 +249,12 @@ class ThinkerSession:
     def prefill(self, turn: dict[str, Any], *, reply: bool | None = None, out_of_band: bool = False,
                 max_reply_tokens: int | None = None, key: str | None = None,
                 insert_after: list[str] | None = None, calls: ToolCallDecoder | None = None,
-                reply_key: str | None = None) -> Prefill:
+                reply_key: str | None = None, function_output: bool = False) -> Prefill:
         """`prefill_work` run alone (see there)."""
         return self._runner.run_alone(
             self.prefill_work(turn, reply=reply, out_of_band=out_of_band, max_reply_tokens=max_reply_tokens,
-                              key=key, insert_after=insert_after, calls=calls, reply_key=reply_key)
+                              key=key, insert_after=insert_after, calls=calls, reply_key=reply_key,
+                              function_output=function_output)
         )
 
     @torch.inference_mode()
@@ -260,6 +269,7 @@ class ThinkerSession:
         insert_after: list[str] | None = None,
         calls: ToolCallDecoder | None = None,
         reply_key: str | None = None,
+        function_output: bool = False,
     ) -> Work:
         """Feed one turn (the `encode_turns` dict; `input_ids` = this turn's tokens only).
 
@@ -275,6 +285,8 @@ class ThinkerSession:
         `key` names the turn's history segment (thinker_history.py); `insert_after` (history keys
         of the items before it, nearest first) puts a turn without reply before the end of the
         history, which is then re-prefilled from there (`Prefill.rebuilt`); None: at the end.
+        `function_output`: the turn is a function's output, which leaves the context with the
+        item before it (its call) when the conversation is truncated (`drop_oldest_work`).
         """
         self._sync_row()
         ids = [int(i) for i in turn["input_ids"].tolist()]
@@ -312,7 +324,8 @@ class ThinkerSession:
         if system:
             self.history.segments.append(Segment(None, 0, system=True))
             self._unfed_system = []
-        turn_segment = Segment(key, cached + len(system) + len(self.pending), turn_media(turn))
+        turn_segment = Segment(key, cached + len(system) + len(self.pending), turn_media(turn),
+                               pairs_with_previous=function_output)
         self.history.segments.append(turn_segment)
         header = len(self.tokens.assistant_header)
         if reply and reply_key is not None and reply_key != key and len(ids) > header:
@@ -520,6 +533,47 @@ class ThinkerSession:
             yield from self._finish_work(self._reply, "interrupted")
         yield from self._rebuild_work(index, 1, [])
         return True
+
+    # ------------------------------------------------------------------ truncation
+
+    def reply_reserve(self, max_reply_tokens: int | None = None) -> int:
+        """The room a reply is given when the conversation is truncated for its turn: its bound,
+        at most an eighth of the context (a reply that runs past it may still end with
+        `context_exhausted`; a full reserve of `max_reply_tokens` would leave no conversation)."""
+        limit = min(int(max_reply_tokens or self.max_reply_tokens), self.max_reply_tokens)
+        return min(limit, self.max_seq_len // 8) + 1 + _CLOSING_RESERVE
+
+    @property
+    def instructions_length(self) -> int:
+        """The tokens of the context before its conversation (the system prompt with its tools)."""
+        conversation = self.history.conversation(len(self.context_ids))
+        return self.history.segments[conversation[0][0]].start if conversation else len(self.context_ids)
+
+    def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0) -> int:
+        """How many of the oldest conversation items must leave the context before `incoming` more
+        tokens go in (the turn with the pending closing and its reply's reserve), under `mode`
+        (nodes/qwen3_omni/truncation.py). No forward, no change."""
+        if not self.context_ids:
+            return 0
+        conversation = self.history.conversation(len(self.context_ids))
+        instructions = self.instructions_length
+        items = [Item(tokens, self.history.segments[i].pairs_with_previous) for i, tokens in conversation]
+        return items_to_drop(items, mode, instructions=instructions, incoming=incoming + len(self.pending),
+                             context=self.max_seq_len, keep_last=keep_last)
+
+    @torch.inference_mode()
+    def drop_oldest_work(self, count: int) -> Work:
+        """The `count` oldest conversation items leave the context (`truncation_plan`): the KV is
+        kept up to the instructions and what stays is re-prefilled once. Returns the tokens
+        re-prefilled. Never called while a reply is being made."""
+        self._sync_row()
+        conversation = self.history.conversation(len(self.context_ids))
+        if count <= 0 or not conversation:
+            return 0
+        assert not self.replying, "a reply in progress is never truncated"
+        count = min(count, len(conversation))
+        kept = yield from self._rebuild_work(conversation[0][0], count, [])
+        return len(self.context_ids) - kept
 
     def _insert_work(self, index: int, key: str | None, ids: list[int], turn: dict[str, Any]) -> Work:
         self._check_fits(len(self.context_ids) + len(self.pending) + len(ids))

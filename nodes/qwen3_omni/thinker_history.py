@@ -38,6 +38,8 @@ class Segment:
     media: dict[str, Any] = field(default_factory=dict)
     user_parts: list[Any] = field(default_factory=list)  # TalkerUserPart, from its last prefill
     system: bool = False
+    # A function output: it leaves the context with the item before it, its call (truncation.py).
+    pairs_with_previous: bool = False
 
 
 @dataclass
@@ -92,6 +94,11 @@ class History:
             if index is not None:
                 return index + 1
         return 1 if self.system is not None else 0
+
+    def conversation(self, context_length: int) -> list[tuple[int, int]]:
+        """(segment index, its tokens) of every segment after the system prompt, oldest first."""
+        first = 1 if self.system is not None else 0
+        return [(i, self.end(i, context_length) - self.segments[i].start) for i in range(first, len(self.segments))]
 
     def containing(self, position: int) -> Segment | None:
         """The segment that holds context position `position`."""

@@ -162,6 +162,16 @@ class ToolChoiceParam(msgspec.Struct, kw_only=True):
 ToolChoice = Literal["auto", "none", "required"] | ToolChoiceParam
 
 
+class TokenLimitsParam(msgspec.Struct, kw_only=True):
+    post_instructions: int | None = None
+
+
+class TruncationRetentionRatioParam(msgspec.Struct, kw_only=True):
+    type: Literal["retention_ratio"]
+    retention_ratio: float
+    token_limits: TokenLimitsParam | None = None
+
+
 class SessionParam(msgspec.Struct, kw_only=True):
     type: str | UnsetType = UNSET
     model: str | UnsetType = UNSET
@@ -173,6 +183,7 @@ class SessionParam(msgspec.Struct, kw_only=True):
     tools: list[ToolParam] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET
+    truncation: Literal["auto", "disabled"] | TruncationRetentionRatioParam | UnsetType = UNSET
     # beta aliases
     modalities: list[Modality] | UnsetType = UNSET
     max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET

@@ -203,6 +203,7 @@ def _reply_params(response_id: str, settings: ResponseSettings) -> ReplyParams:
         tools=tuple(tool.to_wire() for tool in settings.tools),
         tool_choice=settings.tool_choice,
         parallel_tool_calls=settings.parallel_tool_calls,
+        truncation=settings.truncation,
     )
 
 
@@ -987,6 +988,20 @@ class RealtimeProtocol:
         self._send("conversation.item.added", previous_item_id=previous, item=item.to_wire())
         if done:
             self._send("conversation.item.done", previous_item_id=previous, item=item.to_wire())
+        self._bound_items()
+
+    def _bound_items(self) -> None:
+        """Past `limits.max_conversation_items` the oldest items leave the client's conversation
+        (graph/limits.py): `conversation.item.deleted` for each. The model's context has its own
+        bound (`session.truncation`), so nothing is rebuilt for them; the newest item always stays."""
+        bound = max(1, self.config.served.max_conversation_items if self.config.served is not None else 1024)
+        while len(self.items) > bound:
+            oldest = next(iter(self.items))
+            del self.items[oldest]
+            self._reply_of_item.pop(oldest, None)
+            self._send("conversation.item.deleted", item_id=oldest)
+        while len(self._by_turn) > bound:  # which reply each turn made: the latest turns' only
+            del self._by_turn[next(iter(self._by_turn))]
 
     def _part_ref(self, response: Response) -> dict[str, Any]:
         assert response.item is not None

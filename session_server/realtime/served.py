@@ -59,6 +59,7 @@ def _read(state: ServerState) -> ServedModel:
         voice_aliases=aliases,
         max_text_tokens=spec.limits.max_text_tokens,
         max_image_pixels=spec.limits.max_image_pixels,
+        max_conversation_items=spec.limits.max_conversation_items,
         uploaded_speaker=_uploaded_speaker(state.uploaded_speaker) if state.uploaded_speaker else None,
     )
 

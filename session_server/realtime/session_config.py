@@ -34,6 +34,12 @@ leaves the session exactly as it was. What the server does with each field:
 - `audio.input.transcription` {model, language, prompt}: transcripts of committed user audio,
   made by the session's own model (`model` is echoed as given, `session.sglang.transcription.
   served_by` says which model served it); `null` turns them off.
+- `truncation`: `"auto"` (the default, as GA's: when the next turn and its reply would not fit
+  the model's context, the oldest items leave the model's context), `"disabled"` (such a turn
+  fails with `context_exhausted`), or `{"type": "retention_ratio", "retention_ratio": r,
+  "token_limits": {"post_instructions": n}}` (past n tokens after the instructions, or the
+  context, the oldest items leave until r of it is used). Items that leave stay in the client's
+  conversation; the policy is nodes/qwen3_omni/truncation.py, docs/realtime.md says more.
 - `type`: `realtime`, or `transcription` (transcripts only, no replies; the wire form is the GA
   transcription session's). It may change only until the first turn (`session_type_locked`).
 """
@@ -48,7 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
+
+from graph.messages import Truncation
 
 from session_server.realtime.audio_formats import (
     AudioFormat,
@@ -64,6 +73,7 @@ from session_server.realtime.events import (
     ToolChoiceParam,
     ToolParam,
     TranscriptionParam,
+    TruncationRetentionRatioParam,
     TurnDetectionParam,
 )
 from session_server.realtime.input_bounds import (
@@ -89,6 +99,7 @@ class ServedModel:
     uploaded_speaker: Callable[[str], str | None] | None = field(default=None, compare=False)
     max_text_tokens: int = DEFAULT_MAX_TEXT_TOKENS  # the profile's `limits` (realtime/input_bounds.py)
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_conversation_items: int = 1024  # the profile's `limits` (graph/limits.py)
 
     def voice(self, requested: str | None) -> str | None:
         """The speaker that will really speak for `requested` (the talker's own rule)."""
@@ -254,6 +265,7 @@ class SessionConfig:
     served: ServedModel | None = None
     type: str = "realtime"  # or "transcription": transcripts only, no replies
     transcription: Transcription | None = None
+    truncation: Truncation = field(default_factory=Truncation)
 
     def to_wire(self, session_id: str) -> dict[str, Any]:
         """The full effective session, as `session.created` / `session.updated` carry it."""
@@ -271,7 +283,7 @@ class SessionConfig:
             "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
             "tracing": None,
-            "truncation": "disabled",
+            "truncation": truncation_wire(self.truncation),
             "prompt": None,
             "include": None,
             "expires_at": 0,
@@ -309,6 +321,7 @@ class SessionConfig:
             "tools": [tool.to_wire() for tool in self.tools],
             "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "truncation": msgspec.to_builtins(self.truncation),
             **self._transcription_graph(),
         }
 
@@ -358,6 +371,26 @@ class SessionConfig:
         if self.type == "transcription" and self.turn_detection is not None:
             graph["turn_detection"] = {**self.turn_detection.to_graph(), "create_response": False}
         return graph
+
+
+def truncation_wire(mode: Truncation) -> str | dict[str, Any]:
+    """The GA wire form of a truncation mode (`RealtimeTruncation`)."""
+    if mode.type != "retention_ratio":
+        return mode.type
+    limits = {"post_instructions": mode.post_instructions} if mode.post_instructions is not None else None
+    return {"type": "retention_ratio", "retention_ratio": mode.retention_ratio, "token_limits": limits}
+
+
+def _truncation(value: str | TruncationRetentionRatioParam, param: str) -> Truncation:
+    if isinstance(value, str):
+        return Truncation(type=value)
+    if not 0.0 <= value.retention_ratio <= 1.0:
+        raise RealtimeError("invalid_value", "retention_ratio must be between 0.0 and 1.0.", f"{param}.retention_ratio")
+    limit = value.token_limits.post_instructions if value.token_limits is not None else None
+    if limit is not None and limit <= 0:
+        raise RealtimeError("invalid_value", "token_limits.post_instructions must be a positive integer.",
+                            f"{param}.token_limits.post_instructions")
+    return Truncation(type="retention_ratio", retention_ratio=float(value.retention_ratio), post_instructions=limit)
 
 
 def _tokens_wire(value: int | None) -> int | str:
@@ -550,6 +583,8 @@ def apply_update(config: SessionConfig, patch: SessionParam, *, turns_processed:
         changes["tool_choice"] = _tool_choice(patch.tool_choice, "session.tool_choice")
     if patch.parallel_tool_calls is not UNSET:
         changes["parallel_tool_calls"] = patch.parallel_tool_calls
+    if patch.truncation is not UNSET:
+        changes["truncation"] = _truncation(patch.truncation, "session.truncation")
     if patch.instructions is not UNSET and patch.instructions != config.instructions:
         changes["instructions"] = patch.instructions
     modalities = patch.output_modalities if patch.output_modalities is not UNSET else patch.modalities
@@ -624,6 +659,7 @@ class ResponseSettings:
     # or None. A session accepts a forced choice before its tools; the reply it fails on fails
     # alone, with `tool_choice_unmet` (protocol.py), and is never sent to the graph.
     tool_choice_unmet: tuple[str, str] | None = None
+    truncation: Truncation = field(default_factory=Truncation)  # the session's (no per-response one)
 
     @property
     def forced_call(self) -> bool:
@@ -643,6 +679,7 @@ def response_settings(config: SessionConfig, params: ResponseParam | None) -> Re
         tools=config.tools,
         tool_choice=config.tool_choice,
         parallel_tool_calls=config.parallel_tool_calls,
+        truncation=config.truncation,
     )
     if params is None:
         unmet = _unmet_tool_choice(config.tool_choice, config.tools, "session.tool_choice")
