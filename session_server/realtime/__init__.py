@@ -2,7 +2,8 @@
 
 `protocol.py` is the transport-free core; `websocket.py` serves it on `GET /v1/realtime`
 (the WebRTC transport is a second adapter over the same core); `resume.py` keeps a session whose
-socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: memory or Redis).
+socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: memory or Redis);
+`live_websocket.py` serves OpenAI's Live API on `/v1/live/sessions` (`live_dialect.py`).
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         await serve(websocket, state)
+
+    from session_server.realtime.live_websocket import install_live
+
+    install_live(app, state)  # OpenAI's Live API, a dialect of the same core (live_dialect.py)
