@@ -4,6 +4,8 @@ send most of this."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 import websockets
@@ -115,3 +117,12 @@ async def test_sideband_fork_and_webrtc_are_not_served_with_coded_errors():
     assert (refusal["type"], refusal["error"]["code"]) == ("error", "unsupported")
     assert (created.status_code, created.json()["error"]["code"]) == (501, "unsupported")
     assert (fork.status_code, fork.json()["error"]["code"]) == (501, "unsupported")
+
+
+async def test_a_server_without_realtime_refuses_the_live_handshake_naming_the_flag():
+    async with running_server(live_profile(), enable_realtime=False) as srv:
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with websockets.connect(f"{srv.ws_url}/v1/live/sessions"):
+                pass
+    assert refused.value.response.status_code == 403
+    assert json.loads(refused.value.response.body)["error"]["code"] == "realtime_disabled"
