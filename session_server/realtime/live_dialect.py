@@ -49,9 +49,7 @@ from typing import Any
 
 import msgspec
 
-GA_SESSION_FIELDS = ("model", "audio", "client", "delegation", "input", "instructions", "safety_identifier", "store", "triggers")
 LIVE_MODELS = ("gpt-live-1", "gpt-live-1.1")  # answered by the served model (`sglang.served_model`)
-DEFAULT_VOICE = None  # Live's default is `marin`; here the served model's default voice
 MAX_INPUT_MESSAGES = 128
 
 DELEGATE_TOOL = {
@@ -321,7 +319,7 @@ class LiveDialect:
         if config.store:
             raise LiveError("unsupported", "Stored sessions (forks, recordings) are not served.", "session.store")
         audio_format, voice = self._audio(config.audio)
-        items = self._initial_items(config.input or [])
+        items = self._initial_items(config.input or [], event.event_id)
         ga_session: dict[str, Any] = {
             "type": "realtime",
             "output_modalities": ["audio"],
@@ -391,7 +389,7 @@ class LiveDialect:
     def _live_format(ga_format: dict[str, Any]) -> dict[str, Any]:
         return ga_format if ga_format["type"] == "audio/pcm" else {"type": ga_format["type"], "rate": 8000}
 
-    def _initial_items(self, items: list[InitialItem]) -> list[dict[str, Any]]:
+    def _initial_items(self, items: list[InitialItem], event_id: str | None) -> list[dict[str, Any]]:
         if len(items) > MAX_INPUT_MESSAGES:
             raise LiveError("invalid_value", f"At most {MAX_INPUT_MESSAGES} `input` messages.", "session.input")
         out = []
@@ -404,7 +402,7 @@ class LiveDialect:
             text = item.content[0].text
             role = "system" if item.role == "developer" else item.role
             part = "output_text" if role == "assistant" else "input_text"
-            out.append({"type": "conversation.item.create",
+            out.append({"type": "conversation.item.create", "event_id": event_id,
                         "item": {"type": "message", "role": role, "content": [{"type": part, "text": text}]}})
         return out
 

@@ -82,6 +82,22 @@ async def test_session_start_is_answered_by_session_started_with_the_resolved_se
     assert session.sglang == {"served_model": "test-realtime"}  # gpt-live-1 is answered by the served model
 
 
+async def test_startup_input_is_the_conversation_the_model_starts_from():
+    history = [{"role": "developer", "content": [{"type": "input_text", "text": "The user is Ada."}]},
+               {"role": "user", "content": [{"type": "input_text", "text": "I live in Paris."}]},
+               {"role": "assistant", "content": [{"type": "output_text", "text": "Noted."}]}]
+    async with running_server(live_profile(), api_key=API_KEY) as srv:
+        async with live_client(srv).live.connect() as conn:
+            started = await start(conn, input=history)
+            await conn.session.commentary.append(content="Greet the user.", delegation_id=None)
+            await until(conn, "session.usage.updated")
+            turns = turns_of(srv)
+
+    assert [item.role for item in started.session.input] == ["developer", "user", "assistant"]
+    assert [(t.role, t.text) for t in turns[:3]] == [("system", "The user is Ada."), ("user", "I live in Paris."),
+                                                     ("assistant", "Noted.")]
+
+
 async def test_a_typed_turn_is_commentary_the_model_speaks_with_its_transcript():
     async with running_server(live_profile(), api_key=API_KEY) as srv:
         async with live_client(srv).live.connect() as conn:
