@@ -224,6 +224,7 @@ class LiveInput:
     ga_events: list[dict[str, Any]] = field(default_factory=list)
     ack: dict[str, Any] | None = None
     refusal: dict[str, Any] | None = None  # a Live error event: nothing goes to the core
+    input_audio: str | None = None  # an append's audio as the client sent it (before muting): for a sideband
 
 
 class LiveDialect:
@@ -246,6 +247,8 @@ class LiveDialect:
         self.close_requested = False  # a `session.close` went to the core: its close is Live's `close_requested`
         self.delegations: dict[str, bool] = {}  # call id -> answered yet
         self.transcribed_items: set[str] = set()
+        # Who else sees each Live event sent to the client (live_sideband.py): called in order.
+        self.observers: list[Any] = []
         self._event_ids = itertools.count(1)
 
     # Dialect interface (dialect.py): a Live session's dialect is fixed at the handshake.
@@ -296,7 +299,8 @@ class LiveDialect:
             self.close_requested = True
             return LiveInput([{"type": "session.close", "event_id": event_id}])
         if isinstance(event, InputAudioAppend):
-            return LiveInput([{"type": "input_audio_buffer.append", "event_id": event_id, "audio": self._heard(event.audio)}])
+            return LiveInput([{"type": "input_audio_buffer.append", "event_id": event_id, "audio": self._heard(event.audio)}],
+                             input_audio=event.audio)
         if isinstance(event, (InputAudioMute, InputAudioUnmute)):
             self.muted = isinstance(event, InputAudioMute)
             kind = "session.input_audio.muted" if self.muted else "session.input_audio.unmuted"
@@ -453,10 +457,14 @@ class LiveDialect:
     def outgoing(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """The Live event for a GA server event (None: Live has no such event)."""
         if event.get("_live"):
-            return {key: value for key, value in event.items() if key != "_live"}
-        kind = event["type"]
-        handler = _OUT.get(kind)
-        return handler(self, event) if handler is not None else None
+            live = {key: value for key, value in event.items() if key != "_live"}
+        else:
+            handler = _OUT.get(event["type"])
+            live = handler(self, event) if handler is not None else None
+        if live is not None:
+            for observer in self.observers:
+                observer(live)
+        return live
 
     def _out_updated(self, event: dict[str, Any]) -> dict[str, Any] | None:
         if self.started or self.start_event_id is None:

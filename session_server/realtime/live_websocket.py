@@ -6,9 +6,10 @@ session, queues and bounds); only the vocabulary differs: each client text frame
 core emits leaves through `LiveDialect.outgoing` as for any dialect. The graph opens at the
 handshake, as a Realtime session's does; `session.start` configures it.
 
+`GET /v1/live/sessions/{id}/attach` is a sideband on a session of this server (live_sideband.py).
+
 Not served, each with a coded error rather than a bare 404 (docs/live.md):
 - `POST /v1/live/sessions` (WebRTC: `transport: {type: "webrtc", sdp}`): 501 `unsupported`;
-- the sideband `GET /v1/live/sessions/{id}/attach` (WebSocket): error `unsupported`, close 1008;
 - `POST /v1/live/sessions/{id}/fork`, `accept`, `reject`, `refer`, `hangup`, and
   `GET .../content` (recordings): 501 `unsupported`.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
@@ -25,6 +27,7 @@ from fastapi.responses import JSONResponse
 from graph.errors import SessionRejected
 from session_server.errors import openai_error_response
 from session_server.realtime.live_dialect import LiveDialect
+from session_server.realtime.live_sideband import Sideband, serve_attach
 from session_server.realtime.protocol import CLOSE_POLICY, SendEvent, realtime_unavailable
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.realtime.websocket import (
@@ -46,12 +49,19 @@ NOT_SERVED = "unsupported"
 class LiveLink(_Link):
     """A Realtime link whose client speaks Live: its frames are translated before the core."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sidebands: list[Sideband] = []  # attached sockets (live_sideband.py)
+
     async def receive_text(self, text: str) -> None:
         dialect: LiveDialect = self.protocol.dialect  # type: ignore[assignment]
         translated = dialect.incoming(text)
         if translated.refusal is not None:
             self.apply([SendEvent(translated.refusal)])
             return
+        if translated.input_audio is not None:
+            for sideband in self.sidebands:
+                sideband.reflect_input(translated.input_audio)
         for ga_event in translated.ga_events:
             ga_text = json.dumps(ga_event)
             await look_up_voices(self.protocol, ga_text)  # uploaded voices, as for a Realtime client
@@ -63,7 +73,7 @@ class LiveLink(_Link):
             self.apply([SendEvent(translated.ack)])
 
 
-async def serve_live(websocket: WebSocket, state: ServerState) -> None:
+async def serve_live(websocket: WebSocket, state: ServerState, links: dict[str, LiveLink]) -> None:
     settings = RealtimeSettings.from_profile(state.settings.profile)
     offered = subprotocols(websocket.scope.get("headers", []))
     session_id = f"sess_{secrets.token_hex(12)}"
@@ -84,10 +94,12 @@ async def serve_live(websocket: WebSocket, state: ServerState) -> None:
                 link.apply(link.protocol.reject(rejected.code, rejected.message))
         if link.graph is not None:
             register(link, state)
+            links[session_id] = link  # a sideband may attach (live_sideband.py)
             link.apply(link.protocol.open())  # `session.created`: not a Live event, not sent
             tasks = start_tasks(link)
             await _until_closed(link, tasks)
     finally:
+        links.pop(session_id, None)
         await end_link(link, writer, tasks, state)
 
 
@@ -97,19 +109,15 @@ def not_served(what: str) -> JSONResponse:
 
 
 def install_live(app: FastAPI, state: ServerState) -> None:
+    links: dict[str, LiveLink] = {}  # this server's Live sessions by id, for their sidebands
+
     @app.websocket("/v1/live/sessions")
     async def live(websocket: WebSocket) -> None:
-        await serve_live(websocket, state)
+        await serve_live(websocket, state, links)
 
     @app.websocket("/v1/live/sessions/{session_id}/attach")
     async def attach(websocket: WebSocket, session_id: str) -> None:
-        await websocket.accept()
-        await websocket.send_text(json.dumps({
-            "type": "error", "event_id": f"live_event_{secrets.token_hex(4)}", "client_event_id": None,
-            "error": {"type": "invalid_request_error", "code": NOT_SERVED, "param": None, "client_event_id": None,
-                      "message": "Sideband connections to a Live session are not served by this server (docs/live.md)."},
-        }))
-        await websocket.close(code=1008, reason=NOT_SERVED)
+        await serve_attach(websocket, links, session_id)
 
     async def create(request: Request) -> JSONResponse:
         return not_served("Creating a Live session over HTTP (WebRTC, SIP)")

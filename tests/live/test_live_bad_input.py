@@ -4,6 +4,8 @@ send most of this."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 
 import httpx
@@ -104,17 +106,16 @@ async def test_live_events_on_the_realtime_endpoint_get_coded_errors():
             await client.until("session.updated")
 
 
-async def test_sideband_fork_and_webrtc_are_not_served_with_coded_errors():
+async def test_an_unknown_sideband_fork_and_webrtc_get_coded_errors():
     async with server() as srv:
         async with live_socket(srv, "/v1/live/sessions/sess_x/attach") as ws:
-            error = RawClient(ws)
-            refusal = await error.recv()
+            refusal = await RawClient(ws).recv()
         headers = {"Authorization": f"Bearer {API_KEY}"}
         async with httpx.AsyncClient(base_url=srv.base_url, headers=headers) as http:
             created = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"},
                                                                  "transport": {"type": "webrtc", "sdp": "v=0"}})
             fork = await http.post("/v1/live/sessions/sess_x/fork", json={})
-    assert (refusal["type"], refusal["error"]["code"]) == ("error", "unsupported")
+    assert (refusal["type"], refusal["error"]["code"]) == ("error", "session_not_found")
     assert (created.status_code, created.json()["error"]["code"]) == (501, "unsupported")
     assert (fork.status_code, fork.json()["error"]["code"]) == (501, "unsupported")
 
@@ -126,3 +127,22 @@ async def test_a_server_without_realtime_refuses_the_live_handshake_naming_the_f
                 pass
     assert refused.value.response.status_code == 403
     assert json.loads(refused.value.response.body)["error"]["code"] == "realtime_disabled"
+
+
+async def test_a_sideband_sees_the_session_with_reflected_audio_and_may_answer_for_it():
+    async with server() as srv:
+        async with live_socket(srv) as primary_ws, contextlib.AsyncExitStack() as stack:
+            primary = RawClient(primary_ws)
+            await primary.send(START)
+            session_id = (await primary.until("session.started"))[-1]["session"]["id"]
+            sideband = RawClient(await stack.enter_async_context(live_socket(srv, f"/v1/live/sessions/{session_id}/attach")))
+            await sideband.send({"type": "session.input_audio.mute", "event_id": "from_sideband"})
+            assert (await sideband.until("session.input_audio.muted"))[-1]["client_event_id"] == "from_sideband"
+            await primary.send({"type": "session.input_audio.append", "audio": base64.b64encode(bytes(4800)).decode()})
+            reflected = (await sideband.until("session.input_audio.append"))[-1]
+            await primary.send({"type": "session.commentary.append", "content": "Hi.", "delegation_id": None})
+            seen = await sideband.until("session.usage.updated")
+    audio = [e for e in seen if e["type"] == "session.output_audio.delta"]
+    assert len(base64.b64decode(reflected["audio"])) == 4800  # before muting, PCM16 24 kHz
+    assert audio and all(e["end_ms"] - e["start_ms"] == 100 for e in audio)
+    assert [e["start_ms"] for e in audio[1:]] == [e["end_ms"] for e in audio[:-1]]  # laid end to end
