@@ -2,7 +2,8 @@
 
 `protocol.py` is the transport-free core; `websocket.py` serves it on `GET /v1/realtime`
 (the WebRTC transport is a second adapter over the same core); `resume.py` keeps a session whose
-socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: memory or Redis).
+socket dropped, and resumes or rebuilds it (snapshots in `session_store.py`: memory or Redis);
+`live_websocket.py` serves OpenAI's Live API on `/v1/live/sessions` (`live_dialect.py`).
 """
 
 from __future__ import annotations
@@ -31,3 +32,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         from session_server.realtime.websocket import server_capabilities
 
         return JSONResponse(server_capabilities(state))
+
+    from session_server.realtime.live_websocket import install_live
+
+    install_live(app, state)  # OpenAI's Live API, a dialect of the same core (live_dialect.py)

@@ -30,10 +30,11 @@ def install_disabled(app: FastAPI) -> None:
         return realtime_disabled_response()
 
     for path in ("/v1/realtime", "/v1/realtime/calls", "/v1/realtime/calls/{call_id}/hangup", "/v1/realtime/client_secrets",
-                 "/v1/realtime/capabilities"):
+                 "/v1/realtime/capabilities", "/v1/live/sessions"):
         app.add_api_route(path, refuse, methods=["GET", "POST"], include_in_schema=False)
 
     @app.websocket("/v1/realtime")
+    @app.websocket("/v1/live/sessions")
     async def refuse_session(websocket: WebSocket) -> None:
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
             await websocket.send_denial_response(realtime_disabled_response())

@@ -255,13 +255,18 @@ class _Link:
                 return
             text = message.get("text")
             if text is not None:
-                await look_up_voices(self.protocol, text)  # off the event loop, before the event
-                self.apply(self.protocol.receive_text(text))
+                await self.receive_text(text)
             else:
                 self.apply(self.protocol.receive_binary(message.get("bytes") or b""))
             while len(self.inputs) > self.settings.max_pending_inputs and not self.closed.is_set():
                 self.inputs_changed.clear()
                 await self.inputs_changed.wait()
+
+    async def receive_text(self, text: str) -> None:
+        """One text frame of the client; a dialect with client events of its own overrides it
+        (live_websocket.py)."""
+        await look_up_voices(self.protocol, text)  # off the event loop, before the event
+        self.apply(self.protocol.receive_text(text))
 
     async def feeder(self) -> None:
         while True:

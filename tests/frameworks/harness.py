@@ -76,12 +76,14 @@ def write_utterances(directory: Path) -> dict[str, str]:
     return paths
 
 
-def run_framework(name: str, tmp_path: Path) -> FrameworkRun:
+def run_framework(name: str, tmp_path: Path, driver_name: str | None = None) -> FrameworkRun:
+    """`driver_name`: a driver other than `drive_<name>.py` in that venv (the Live API's)."""
     python = framework_python(name)
     port = free_port()
     config = {
         "url": f"ws://127.0.0.1:{port}/v1/realtime?model={MODEL}",
         "ws_base_url": f"ws://127.0.0.1:{port}/v1/realtime",
+        "live_url": f"ws://127.0.0.1:{port}/v1/live/sessions",
         "http_base_url": f"http://127.0.0.1:{port}/v1",
         "api_key": "sk-test",
         "model": MODEL,
@@ -93,7 +95,7 @@ def run_framework(name: str, tmp_path: Path) -> FrameworkRun:
     config_path.write_text(json.dumps(config))
     # No network in CI: the frameworks must not try to export traces to their vendors.
     env = {**os.environ, "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_API_KEY": "sk-test", "PYTHONUNBUFFERED": "1"}
-    driver = DRIVERS / f"drive_{name.replace('-', '_')}.py"
+    driver = DRIVERS / f"drive_{(driver_name or name).replace('-', '_')}.py"
     with serve_process(EMBEDDED, port) as server:
         finished = subprocess.run(
             [str(python), str(driver), str(config_path)], cwd=DRIVERS, env=env,

@@ -1,0 +1,552 @@
+"""OpenAI's **Live** API (`/v1/live/sessions`) as a dialect of the GA protocol core.
+
+Live is a second voice API over the same ideas: the server decides turns (VAD, barge-in), the
+client never asks for a reply, and work the model cannot do itself is *delegated*. This module is
+a naming and shape layer, as dialect.py is for beta: each Live client event becomes zero or more
+GA client events fed to the one `RealtimeProtocol`, and each GA server event it emits becomes
+zero or one Live server event on the way out (`LiveDialect.outgoing`, applied by the transport as
+for every dialect). No rule of the session lives here; only the vocabulary.
+
+The definition is the `openai` SDK's `openai/types/live` (docs/live.md lists every event):
+
+- `session.start` (first, once) -> GA `session.update` (server VAD with barge-in, spoken replies,
+  input transcripts on, the `delegate` tool) plus one `conversation.item.create` per `input`
+  message; its `session.updated` comes back as `session.started`. Before it, any other event is
+  refused with `session_not_started`. The session object is strict: unknown fields are refused
+  with `unknown_parameter`, features the graph cannot serve (`responses`/`decisions` delegation,
+  `triggers`, `store`, `client`) with `unsupported`.
+- `session.update` changes only `delegation` (its type stays `client`) and `triggers`; it needs no
+  GA event and is answered here with `session.updated`.
+- `session.input_audio.append` -> `input_audio_buffer.append`; while muted
+  (`session.input_audio.mute`), the audio is replaced by silence of the same length, as Live sends
+  silence to the model.
+- `session.instructions.append` -> a system message; `session.thinking.append` (silent context)
+  -> a system message; `session.commentary.append` (context the model may speak) -> a system
+  message and an automatic reply. With a `delegation_id`, the first answer to that delegation is
+  the function call's output (`function_call_output`) and an automatic reply follows, so the model
+  goes on from it.
+- Delegation, client mode: the thinker gets one function tool, `delegate`; its call is
+  `session.delegation.created` (the delegation id is the call id; the task text, which Live keeps
+  out of that event, is given in the extension field `sglang.task`).
+- Out: `session.output_audio.delta`, `session.output_transcript.delta` (reply transcript or text),
+  `session.input_transcript.delta` (from the GA transcript deltas, or the completed transcript when
+  no delta came), `session.usage.updated` after each reply, `session.closed` with the final
+  session and usage, `error` with `client_event_id`. GA's item/response bookkeeping is not sent.
+
+Timeline offsets (`start_ms`, `end_ms`, `offset_ms`) are server wall-clock milliseconds since the
+session started, taken when the event is sent, not positions in the audio.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+LIVE_MODELS = ("gpt-live-1", "gpt-live-1.1")  # answered by the served model (`sglang.served_model`)
+MAX_INPUT_MESSAGES = 128
+
+DELEGATE_TOOL = {
+    "type": "function",
+    "name": "delegate",
+    "description": "Hand a task you cannot do yourself (look something up, act in the world) to the application. "
+                   "Its answer comes back to you; tell the user you are on it.",
+    "parameters": {"type": "object", "properties": {"task": {"type": "string", "description": "What to do, in one sentence."}},
+                   "required": ["task"]},
+}
+
+SERVED_CLIENT_EVENTS = frozenset({
+    "session.start", "session.update", "session.close", "session.input_audio.append", "session.input_audio.mute",
+    "session.input_audio.unmute", "session.instructions.append", "session.thinking.append", "session.commentary.append",
+})
+# Live client events the graph cannot serve: refused with `unsupported`.
+UNSERVED_CLIENT_EVENTS = frozenset({
+    "session.output_audio.fixture.play", "decision.create", "decision.item.create", "decision.item.delete",
+    "response.item.create", "response.create", "transport.dtmf.send",
+})
+# Events of the Realtime (GA/beta) dialect: refused with `realtime_event_on_live`.
+REALTIME_CLIENT_EVENTS = frozenset({
+    "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear", "output_audio_buffer.clear",
+    "conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve",
+    "response.cancel", "transcription_session.update",
+})
+
+# Why a GA session ended -> Live's `session.closed.reason`.
+_CLOSE_REASONS = {"max_duration": "expired", "max_duration_reached": "expired", "session_expired": "expired",
+                  "idle_timeout": "expired"}
+_SILENCE_BYTE = {"audio/pcm": 0x00, "audio/pcmu": 0xFF, "audio/pcma": 0xD5}
+
+
+class LiveError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+# ------------------------------------------------------------------ the client events, strict
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class VoiceRef(_Strict, kw_only=True):
+    id: str
+
+
+class AudioFormat(_Strict, kw_only=True):
+    type: str
+    rate: int | None = None
+
+
+class AudioOutput(_Strict, kw_only=True):
+    voice: str | VoiceRef | None = None
+
+
+class Audio(_Strict, kw_only=True):
+    format: AudioFormat | None = None
+    output: AudioOutput | None = None
+
+
+class Delegation(_Strict, kw_only=True):
+    type: str
+    acknowledgement_delay_ms: int | None = None
+    responses: dict[str, Any] | None = None
+    decisions: dict[str, Any] | None = None
+
+
+class InitialContent(_Strict, kw_only=True):
+    text: str
+    type: str | None = None
+
+
+class InitialItem(_Strict, kw_only=True):
+    role: str
+    content: list[InitialContent]
+    id: str | None = None
+    status: str | None = None
+    type: str | None = None
+
+
+class SessionConfig(_Strict, kw_only=True):
+    model: str
+    audio: Audio | None = None
+    client: dict[str, Any] | None = None
+    delegation: Delegation | None = None
+    input: list[InitialItem] | None = None
+    instructions: str | None = None
+    safety_identifier: str | None = None
+    store: bool | None = None
+    triggers: list[dict[str, Any]] | None = None
+
+
+class SessionUpdateConfig(_Strict, kw_only=True):
+    delegation: Delegation | None = None
+    triggers: list[dict[str, Any]] | None = None
+
+
+class _Event(_Strict, tag_field="type"):
+    event_id: str | None = None
+
+
+class SessionStart(_Event, tag="session.start", kw_only=True):
+    session: SessionConfig
+
+
+class SessionUpdate(_Event, tag="session.update", kw_only=True):
+    session: SessionUpdateConfig
+
+
+class SessionClose(_Event, tag="session.close", kw_only=True):
+    pass
+
+
+class InputAudioAppend(_Event, tag="session.input_audio.append", kw_only=True):
+    audio: str
+
+
+class InputAudioMute(_Event, tag="session.input_audio.mute", kw_only=True):
+    pass
+
+
+class InputAudioUnmute(_Event, tag="session.input_audio.unmute", kw_only=True):
+    pass
+
+
+class _ContextAppend(_Event, kw_only=True):
+    content: str
+    delegation_id: str | None = None
+
+
+class InstructionsAppend(_ContextAppend, tag="session.instructions.append", kw_only=True):
+    pass
+
+
+class ThinkingAppend(_ContextAppend, tag="session.thinking.append", kw_only=True):
+    pass
+
+
+class CommentaryAppend(_ContextAppend, tag="session.commentary.append", kw_only=True):
+    pass
+
+
+LiveClientEvent = (SessionStart | SessionUpdate | SessionClose | InputAudioAppend | InputAudioMute | InputAudioUnmute
+                   | InstructionsAppend | ThinkingAppend | CommentaryAppend)
+
+
+def _validation_error(message: str) -> LiveError:
+    """msgspec's message names the path (`... - at `$.session.foo``): the Live param it names."""
+    text, _, where = message.partition(" - at `")
+    path = where.rstrip("`").removeprefix("$").lstrip(".") or None
+    if text.startswith("Object contains unknown field"):
+        name = text.split("`")[1] if "`" in text else ""
+        param = f"{path}.{name}" if path else name
+        return LiveError("unknown_parameter", f"Unknown parameter {param!r}.", param)
+    if text.startswith("Object missing required field"):
+        name = text.split("`")[1] if "`" in text else ""
+        param = f"{path}.{name}" if path else name
+        return LiveError("missing_required_parameter", f"Missing required parameter {param!r}.", param)
+    return LiveError("invalid_value", f"{text}.", path)
+
+
+# ------------------------------------------------------------------ what one client event becomes
+
+@dataclass
+class LiveInput:
+    """One Live client event, translated: GA events for the core, and the Live acknowledgement
+    sent once the core accepted them all (no `error` among what they produced)."""
+
+    ga_events: list[dict[str, Any]] = field(default_factory=list)
+    ack: dict[str, Any] | None = None
+    refusal: dict[str, Any] | None = None  # a Live error event: nothing goes to the core
+    input_audio: str | None = None  # an append's audio as the client sent it (before muting): for a sideband
+
+
+class LiveDialect:
+    """The Live vocabulary of one session; set as `protocol.dialect` by the Live transport."""
+
+    name = "live"
+    decided = True
+
+    def __init__(self, session_id: str, served_model: str, clock: Any = time.monotonic,
+                 aliases: tuple[str, ...] = ()) -> None:
+        self.session_id = session_id
+        self.served_model = served_model
+        self.answered_names = (served_model, *aliases, *LIVE_MODELS)  # the operator's aliases too (model_names.py)
+        self.clock = clock
+        self.started_at = clock()
+        self.started = False
+        self.start_event_id: str | None = None
+        self.session: dict[str, Any] = {"id": session_id, "object": "live.session", "model": served_model, "status": "active",
+                                        "expires_at": 0}
+        self.input_format: dict[str, Any] = {"type": "audio/pcm", "rate": 24000}
+        self.muted = False
+        self.close_requested = False  # a `session.close` went to the core: its close is Live's `close_requested`
+        self.delegations: dict[str, bool] = {}  # call id -> answered yet
+        self.transcribed_items: set[str] = set()
+        # Who else sees each Live event sent to the client (live_sideband.py): called in order.
+        self.observers: list[Any] = []
+        self._event_ids = itertools.count(1)
+
+    # Dialect interface (dialect.py): a Live session's dialect is fixed at the handshake.
+    def choose(self, name: str) -> None:
+        pass
+
+    def observe_session_update(self, session: Any) -> None:
+        pass
+
+    # ------------------------------------------------------------------ in
+
+    def incoming(self, text: str | bytes) -> LiveInput:
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError):
+            return LiveInput(refusal=self.error("invalid_json", "The event is not valid JSON."))
+        if not isinstance(raw, dict):
+            return LiveInput(refusal=self.error("invalid_json", "An event must be a JSON object."))
+        event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+        try:
+            return self._translate(raw, event_id)
+        except LiveError as error:
+            return LiveInput(refusal=self.error(error.code, error.message, error.param, event_id))
+
+    def _translate(self, raw: dict[str, Any], event_id: str | None) -> LiveInput:
+        kind = raw.get("type")
+        if not isinstance(kind, str):
+            raise LiveError("missing_required_parameter", "The event has no string `type`.", "type")
+        if kind in REALTIME_CLIENT_EVENTS:
+            raise LiveError("realtime_event_on_live", f"{kind!r} is an event of the Realtime API (GET /v1/realtime); "
+                            "a Live session speaks Live events (docs/live.md).", "type")
+        if kind in UNSERVED_CLIENT_EVENTS:
+            raise LiveError("unsupported", f"{kind!r} is not served by this server (docs/live.md).", "type")
+        if kind not in SERVED_CLIENT_EVENTS:
+            raise LiveError("unknown_event_type", f"Unknown Live event type {kind!r}. Supported: "
+                            f"{', '.join(sorted(SERVED_CLIENT_EVENTS))}.", "type")
+        try:
+            event = msgspec.convert(raw, LiveClientEvent)
+        except msgspec.ValidationError as exc:
+            raise _validation_error(str(exc)) from None
+        if isinstance(event, SessionStart):
+            return self._start(event)
+        if not self.started:
+            raise LiveError("session_not_started", "Send `session.start` first and wait for `session.started`.", "type")
+        if isinstance(event, SessionUpdate):
+            return self._update(event)
+        if isinstance(event, SessionClose):
+            self.close_requested = True
+            return LiveInput([{"type": "session.close", "event_id": event_id}])
+        if isinstance(event, InputAudioAppend):
+            return LiveInput([{"type": "input_audio_buffer.append", "event_id": event_id, "audio": self._heard(event.audio)}],
+                             input_audio=event.audio)
+        if isinstance(event, (InputAudioMute, InputAudioUnmute)):
+            self.muted = isinstance(event, InputAudioMute)
+            kind = "session.input_audio.muted" if self.muted else "session.input_audio.unmuted"
+            return LiveInput(ack=self.native(kind, client_event_id=event_id))
+        return self._context(event)
+
+    def _start(self, event: SessionStart) -> LiveInput:
+        if self.started or self.start_event_id is not None:
+            raise LiveError("session_already_started", "`session.start` is sent once, first.", "type")
+        config = event.session
+        if config.model not in self.answered_names:
+            raise LiveError("model_not_found", f"The model {config.model!r} is not served here; this server answers "
+                            f"{', '.join(repr(n) for n in dict.fromkeys(self.answered_names))} with {self.served_model!r}.",
+                            "session.model")
+        delegation = self._delegation(config.delegation, "session.delegation")
+        if config.client is not None:
+            raise LiveError("unsupported", "`client` (frontend capabilities of a WebRTC session) is not served: "
+                            "this server serves Live over WebSocket only.", "session.client")
+        if config.triggers:
+            raise LiveError("unsupported", "Decisions triggers are not served.", "session.triggers")
+        if config.store:
+            raise LiveError("unsupported", "Stored sessions (forks, recordings) are not served.", "session.store")
+        audio_format, voice = self._audio(config.audio)
+        items = self._initial_items(config.input or [], event.event_id)
+        ga_session: dict[str, Any] = {
+            "type": "realtime",
+            "output_modalities": ["audio"],
+            "audio": {
+                "input": {"format": audio_format, "transcription": {"model": config.model},
+                          "turn_detection": {"type": "server_vad", "create_response": True, "interrupt_response": True}},
+                "output": {"format": audio_format, **({"voice": voice} if voice is not None else {})},
+            },
+            "tools": [DELEGATE_TOOL],
+            "tool_choice": "auto",
+        }
+        if config.instructions and config.instructions.strip():
+            ga_session["instructions"] = config.instructions
+        self.start_event_id = event.event_id or ""
+        self.input_format = audio_format
+        self.session.update({
+            "model": config.model,
+            "audio": {"format": self._live_format(audio_format), "output": {"voice": voice}},
+            "delegation": delegation,
+            "input": [msgspec.to_builtins(item) for item in config.input or []],
+            "instructions": config.instructions,
+            "safety_identifier": config.safety_identifier,
+            "store": False,
+            "triggers": [],
+            "sglang": {"served_model": self.served_model},
+        })
+        return LiveInput([{"type": "session.update", "event_id": event.event_id, "session": ga_session}, *items])
+
+    def _update(self, event: SessionUpdate) -> LiveInput:
+        update = event.session
+        if update.triggers:
+            raise LiveError("unsupported", "Decisions triggers are not served.", "session.triggers")
+        if update.delegation is not None:
+            self.session["delegation"] = self._delegation(update.delegation, "session.delegation")
+        return LiveInput(ack=self.native("session.updated", client_event_id=event.event_id, session=dict(self.session)))
+
+    def _delegation(self, delegation: Delegation | None, param: str) -> dict[str, Any]:
+        if delegation is None:
+            return {"type": "client", "acknowledgement_delay_ms": 0}
+        if delegation.type in ("responses", "decisions"):
+            raise LiveError("unsupported", f"{delegation.type!r} delegation (a backend model run by the session) is not "
+                            "served; use client delegation (the default).", f"{param}.type")
+        if delegation.type != "client":
+            raise LiveError("invalid_value", f"Unknown delegation type {delegation.type!r}.", f"{param}.type")
+        if delegation.acknowledgement_delay_ms is not None and delegation.acknowledgement_delay_ms < 0:
+            raise LiveError("invalid_value", "`acknowledgement_delay_ms` must be >= 0.", f"{param}.acknowledgement_delay_ms")
+        return {"type": "client", "acknowledgement_delay_ms": delegation.acknowledgement_delay_ms or 0}
+
+    def _audio(self, audio: Audio | None) -> tuple[dict[str, Any], Any]:
+        fmt = audio.format if audio is not None else None
+        voice = audio.output.voice if audio is not None and audio.output is not None else None
+        voice = voice.id if isinstance(voice, VoiceRef) else voice
+        if fmt is None:
+            return {"type": "audio/pcm", "rate": 24000}, voice
+        if fmt.type == "audio/pcm":
+            if fmt.rate not in (16000, 24000):
+                raise LiveError("invalid_value", "`audio/pcm` is 16000 or 24000 Hz.", "session.audio.format.rate")
+            return {"type": "audio/pcm", "rate": fmt.rate}, voice
+        if fmt.type in ("audio/pcmu", "audio/pcma"):
+            if fmt.rate not in (None, 8000):
+                raise LiveError("invalid_value", "G.711 audio is 8000 Hz.", "session.audio.format.rate")
+            return {"type": fmt.type}, voice
+        raise LiveError("invalid_value", f"Unknown audio format {fmt.type!r} (audio/pcm, audio/pcmu, audio/pcma).",
+                        "session.audio.format.type")
+
+    @staticmethod
+    def _live_format(ga_format: dict[str, Any]) -> dict[str, Any]:
+        return ga_format if ga_format["type"] == "audio/pcm" else {"type": ga_format["type"], "rate": 8000}
+
+    def _initial_items(self, items: list[InitialItem], event_id: str | None) -> list[dict[str, Any]]:
+        if len(items) > MAX_INPUT_MESSAGES:
+            raise LiveError("invalid_value", f"At most {MAX_INPUT_MESSAGES} `input` messages.", "session.input")
+        out = []
+        for index, item in enumerate(items):
+            if item.role not in ("developer", "user", "assistant"):
+                raise LiveError("invalid_value", "An `input` message's role is developer, user or assistant.",
+                                f"session.input[{index}].role")
+            if len(item.content) != 1:
+                raise LiveError("invalid_value", "An `input` message has exactly one text part.", f"session.input[{index}].content")
+            text = item.content[0].text
+            role = "system" if item.role == "developer" else item.role
+            part = "output_text" if role == "assistant" else "input_text"
+            out.append({"type": "conversation.item.create", "event_id": event_id,
+                        "item": {"type": "message", "role": role, "content": [{"type": part, "text": text}]}})
+        return out
+
+    def _heard(self, audio: str) -> str:
+        """What the model hears of an append: the audio, or silence as long while muted."""
+        if not self.muted:
+            return audio
+        try:
+            size = len(base64.b64decode(audio, validate=True))
+        except (binascii.Error, ValueError):
+            return audio  # the core refuses it with its own coded error
+        silence = bytes([_SILENCE_BYTE[self.input_format["type"]]]) * size
+        return base64.b64encode(silence).decode("ascii")
+
+    def _context(self, event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> LiveInput:
+        if event.delegation_id is not None and event.delegation_id not in self.delegations:
+            raise LiveError("delegation_not_found", f"No delegation {event.delegation_id!r} in this session.", "delegation_id")
+        kind = {InstructionsAppend: "instructions", ThinkingAppend: "thinking", CommentaryAppend: "commentary"}[type(event)]
+        ga: list[dict[str, Any]] = []
+        answers = event.delegation_id is not None and not self.delegations[event.delegation_id] and kind != "instructions"
+        if answers:
+            self.delegations[event.delegation_id] = True
+            ga.append({"type": "conversation.item.create", "event_id": event.event_id,
+                       "item": {"type": "function_call_output", "call_id": event.delegation_id, "output": event.content}})
+        else:
+            text = event.content if kind == "instructions" else f"[{kind}] {event.content}"
+            ga.append({"type": "conversation.item.create", "event_id": event.event_id,
+                       "item": {"type": "message", "role": "system", "content": [{"type": "input_text", "text": text}]}})
+        if answers or kind == "commentary" or (kind == "thinking" and event.delegation_id is not None):
+            ga.append({"type": "response.create", "event_id": event.event_id})
+        now = self.ms()
+        return LiveInput(ga, ack=self.native(f"session.{kind}.appended", client_event_id=event.event_id, start_ms=now, end_ms=now))
+
+    # ------------------------------------------------------------------ out
+
+    def ms(self) -> int:
+        return int((self.clock() - self.started_at) * 1000)
+
+    def native(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """A Live event made here (not a GA one renamed): `outgoing` passes it through."""
+        return {"type": kind, "event_id": f"live_event_{next(self._event_ids)}", **fields, "_live": True}
+
+    def error(self, code: str, message: str, param: str | None = None, client_event_id: str | None = None,
+              kind: str = "invalid_request_error") -> dict[str, Any]:
+        return self.native("error", client_event_id=client_event_id,
+                           error={"type": kind, "code": code, "message": message, "param": param, "client_event_id": client_event_id})
+
+    def outgoing(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The Live event for a GA server event (None: Live has no such event)."""
+        if event.get("_live"):
+            live = {key: value for key, value in event.items() if key != "_live"}
+        else:
+            handler = _OUT.get(event["type"])
+            live = handler(self, event) if handler is not None else None
+        if live is not None:
+            for observer in self.observers:
+                observer(live)
+        return live
+
+    def _out_updated(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if self.started or self.start_event_id is None:
+            return None
+        self.started = True
+        self.started_at = self.clock()  # the session timeline starts here
+        ga_session = event["session"]
+        self.session["expires_at"] = int(ga_session.get("expires_at") or 0)
+        voice = ((ga_session.get("audio") or {}).get("output") or {}).get("voice")
+        self.session["audio"]["output"]["voice"] = voice  # the voice that speaks, default or chosen
+        return self._event("session.started", client_event_id=self.start_event_id or None, session=dict(self.session))
+
+    def _out_error(self, event: dict[str, Any]) -> dict[str, Any]:
+        error = event["error"]
+        client_event_id = error.get("event_id")
+        if not self.started and self.start_event_id is not None and client_event_id == (self.start_event_id or None):
+            self.start_event_id = None  # the core refused the start: the client may send it again
+        return self._event("error", client_event_id=client_event_id,
+                           error={"type": error.get("type", "invalid_request_error"), "code": error.get("code"),
+                                  "message": error.get("message"), "param": error.get("param"), "client_event_id": client_event_id})
+
+    def _out_input_transcript(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if event["type"].endswith(".delta"):
+            self.transcribed_items.add(event["item_id"])
+            delta = event["delta"]
+        elif event["item_id"] in self.transcribed_items:
+            self.transcribed_items.discard(event["item_id"])
+            return None
+        else:
+            delta = event.get("transcript") or ""
+        now = self.ms()
+        return self._event("session.input_transcript.delta", delta=delta, start_ms=now, end_ms=now)
+
+    def _out_audio(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._event("session.output_audio.delta", delta=event["delta"])
+
+    def _out_transcript(self, event: dict[str, Any]) -> dict[str, Any]:
+        now = self.ms()
+        return self._event("session.output_transcript.delta", delta=event["delta"], start_ms=now, end_ms=now)
+
+    def _out_call(self, event: dict[str, Any]) -> dict[str, Any]:
+        call_id = event["call_id"]
+        self.delegations[call_id] = False
+        try:
+            task = json.loads(event.get("arguments") or "{}").get("task")
+        except (ValueError, AttributeError):
+            task = None
+        return self._event("session.delegation.created", offset_ms=self.ms(),
+                           delegation={"id": call_id, "target": "client", "type": "delegation"},
+                           sglang={"task": task, "name": event.get("name"), "arguments": event.get("arguments")})
+
+    def _out_done(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._event("session.usage.updated", usage=self.usage())
+
+    def _out_closed(self, event: dict[str, Any]) -> dict[str, Any]:
+        reason = event.get("reason") or "closed"
+        if reason == "client_closed":
+            live_reason = "close_requested" if self.close_requested else "connection_lost"
+        else:
+            live_reason = _CLOSE_REASONS.get(reason, "connection_lost")
+        return self._event("session.closed", client_event_id=event.get("client_event_id"), reason=live_reason,
+                           session=dict(self.session), usage=self.usage(), sglang={"reason": reason})
+
+    def usage(self) -> dict[str, Any]:
+        return {"seconds": float(int(self.clock() - self.started_at)) if self.started else 0.0}
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "event_id": f"live_event_{next(self._event_ids)}", **fields}
+
+
+_OUT = {
+    "session.updated": LiveDialect._out_updated,
+    "error": LiveDialect._out_error,
+    "conversation.item.input_audio_transcription.delta": LiveDialect._out_input_transcript,
+    "conversation.item.input_audio_transcription.completed": LiveDialect._out_input_transcript,
+    "response.output_audio.delta": LiveDialect._out_audio,
+    "response.output_audio_transcript.delta": LiveDialect._out_transcript,
+    "response.output_text.delta": LiveDialect._out_transcript,
+    "response.function_call_arguments.done": LiveDialect._out_call,
+    "response.done": LiveDialect._out_done,
+    "session.closed": LiveDialect._out_closed,
+}
