@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from session_server.realtime.audio_formats import ALAW_ENCODE, OUTPUT_RATE, PCMA, PCMU, ULAW_ENCODE, to_int16
+from session_server.realtime.audio_formats import ALAW_ENCODE, OUTPUT_RATE, PCMU, ULAW_ENCODE, to_int16
 
 PHONE_RATE = 8000
 FRAME_MS = 20

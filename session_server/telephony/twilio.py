@@ -40,7 +40,7 @@ import secrets
 from typing import Any
 
 import numpy as np
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from graph.errors import SessionRejected
 from session_server.realtime.audio_formats import PCMU, ULAW_DECODE
@@ -131,28 +131,40 @@ class _Stream:
         self.close_code = 1000
 
     async def run(self) -> None:
-        while True:
-            receiving = asyncio.ensure_future(self.websocket.receive())
-            waits: list[asyncio.Future[Any]] = [receiving]
-            if self.call is not None:
-                waits.append(asyncio.ensure_future(self.call.closed.wait()))
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for future in pending:
-                future.cancel()
-            if receiving not in done:
-                return  # the session ended (idle, error, shutdown, operator): the stream closes
-            message = receiving.result()
-            if message["type"] == "websocket.disconnect":
-                self.disconnected = True
-                return
-            try:
-                if await self.handle(message.get("text"), message.get("bytes")) == "stop":
-                    self.end_reason = "stream_stopped"
+        ended: asyncio.Task[Any] | None = None  # the call's end, watched once it has started
+        try:
+            while True:
+                if self.call is None:
+                    message = await self.websocket.receive()
+                else:
+                    if ended is None:
+                        ended = asyncio.create_task(self.call.closed.wait())
+                    receiving = asyncio.ensure_future(self.websocket.receive())
+                    await asyncio.wait([receiving, ended], return_when=asyncio.FIRST_COMPLETED)
+                    if not receiving.done():
+                        receiving.cancel()
+                        return  # the session ended (idle, error, shutdown, operator): the stream closes
+                    message = receiving.result()
+                if not await self._take(message):
                     return
-            except StreamError as error:
-                await self.refuse(error)
-                if error.fatal:
-                    return
+        finally:
+            if ended is not None:
+                ended.cancel()
+
+    async def _take(self, message: dict[str, Any]) -> bool:
+        """One WebSocket message; False when the stream is over."""
+        if message["type"] == "websocket.disconnect":
+            self.disconnected = True
+            return False
+        try:
+            if await self.handle(message.get("text"), message.get("bytes")) == "stop":
+                self.end_reason = "stream_stopped"
+                return False
+        except StreamError as error:
+            await self.refuse(error)
+            if error.fatal:
+                return False
+        return True
 
     async def handle(self, text: str | None, data: bytes | None) -> str | None:
         if text is None:
