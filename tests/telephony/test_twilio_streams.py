@@ -203,3 +203,22 @@ async def test_a_stream_whose_media_stops_ends_with_media_timeout():
                 await until_true(lambda: any(e["type"] == "session.closed" for e in events))
                 assert next(e for e in events if e["type"] == "session.closed")["reason"] == "media_timeout"
         await until_true(lambda: server.runtime.count("realtime") == 0)
+
+
+async def test_twenty_concurrent_streams_each_get_their_own_reply():
+    async with running_server(phone_profile(reply={"words": 2, "chunk_ms": 200}, limits={"max_sessions": 20}), api_key=API_KEY) as server:
+        async def one_call(index: int) -> int:
+            async with TwilioStream.connect(server.ws_url, API_KEY, stream_sid=f"MZ{index}") as stream:
+                await started_call(server, stream, f"CA{index}")
+                await stream.play(utterance(rate=RATE), RATE)
+                await stream.next_message("mark", timeout=90)
+                assert all(m["streamSid"] == f"MZ{index}" for m in stream.messages("media"))
+                frames = len(stream.messages("media"))
+                await stream.stop()
+                await stream.wait_for(lambda: stream.closed)
+                return frames
+
+        frames = await asyncio.gather(*(one_call(i) for i in range(20)))
+        # two 200 ms tones each, plus the resampler's tail: about 20 frames per call
+        assert all(18 <= n <= 24 for n in frames), frames
+        await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
