@@ -102,6 +102,10 @@ def _install_features(app: FastAPI, state: ServerState) -> None:
     webrtc.install(app, state)  # the browser page always; calls only with --enable-realtime
     if state.settings.enable_realtime:
         realtime.install(app, state)
+        # Phone calls (carrier media streams): after webrtc, whose sideband hook it extends.
+        from session_server import telephony
+
+        telephony.install(app, state)
     else:
         from session_server.realtime.disabled import install_disabled
 

@@ -24,7 +24,7 @@ import msgspec
 
 from session_server.usage import SessionUsage, UsageRecord
 
-Transport = Literal["websocket", "webrtc", "http"]
+Transport = Literal["websocket", "webrtc", "http", "twilio"]
 # "closed": only in the answer to the DELETE that ended it.
 ConnectionState = Literal["connected", "parked", "closed"]
 
@@ -74,7 +74,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     kv_tokens: int
     usage: UsageRecord
     engine: EngineRecord | None  # None: the graph runs in the server process (`compute: {engines: 0}`)
-    call_id: str | None = None  # a WebRTC call's id (`/v1/realtime/calls/{call_id}`)
+    call_id: str | None = None  # a WebRTC call's id (`/v1/realtime/calls/{call_id}`), a phone call's (`twilio_...`)
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ opens or a model loads. It checks:
 - the graph (graph/spec.py: structure, node types, streams, cycles, every node's and resource's
   `params` against its typed schema, `warmup:`);
 - the top-level keys: the graph's, and the sections the feature packages read (`speech:`,
-  `webrtc:`, `realtime:`, `state:`, and `served_model_names:`, model_names.py); anything else is a typo (`limit:` for `limits:`) and is refused;
+  `webrtc:`, `realtime:`, `state:`, `sip:`, and `served_model_names:`, model_names.py); anything else is a typo (`limit:` for `limits:`) and is refused;
 - each feature section with the loader its package uses at startup, so a section that passes
   here cannot fail later.
 """
@@ -52,10 +52,17 @@ def _served_model_names(profile: dict[str, Any]) -> None:
     check_profile(profile)
 
 
+def _sip(profile: dict[str, Any]) -> None:
+    from session_server.telephony.config import TelephonyConfig
+
+    TelephonyConfig.from_profile(profile)
+
+
 # Section -> its package's loader (raises ValueError with one line naming the key).
 FEATURE_SECTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "speech": _speech, "webrtc": _webrtc, "realtime": _realtime, "state": _state,
     "served_model_names": _served_model_names,
+    "sip": _sip,  # phone calls (session_server/telephony/)
 }
 
 
