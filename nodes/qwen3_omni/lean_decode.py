@@ -231,8 +231,9 @@ class LeanDecode(_LeanStack):
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and "signed" sin `[B, 1, head_dim]` for rotary positions `[B]` (see the module docstring)."""
-        inv_freq = self.rope.inv_freq
-        freqs = positions[:, None].to(torch.float32) * inv_freq.to(device=positions.device, dtype=torch.float32)
+        # The positions are on the model's device (the runner's): no move of `inv_freq` (on CPU
+        # a move that names the device reads as a host sync, benchmarks/dispatch_counts.py).
+        freqs = positions[:, None].to(torch.float32) * self.rope.inv_freq.to(torch.float32)
         cos = freqs.cos() * self.rope_scaling
         sin = freqs.sin() * self.rope_scaling
         cos = torch.cat((cos, cos), dim=-1).to(dtype)
