@@ -34,6 +34,15 @@ def test_the_direct_reply_figures_hang_together(figures):
     assert figures["code2wav"]["audio_s"] == reply["audio_s"]
 
 
+def test_the_step_costs_are_reported_under_their_interface_names(figures):
+    thinker, talker = figures["thinker"], figures["talker"]
+    for value in (thinker["ops_per_step_16"], thinker["host_syncs_per_step"], talker["ops_per_frame"]):
+        assert isinstance(value, int) and value > 0
+    assert thinker["host_syncs_per_step"] == 1  # the chosen ids of the whole batch, nothing else
+    assert isinstance(talker["ms_per_frame"], float) and talker["ms_per_frame"] > 0
+    assert talker["reply_ms_per_frame"] > 0  # the frames of the spoken turn, apart
+
+
 def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(figures):
     vad = figures["vad"]
     assert vad["audio_s"] == pytest.approx(10.0, abs=0.05)
