@@ -357,7 +357,10 @@ class ThinkerSession:
 
         A chosen token is returned before the forward that feeds it (that forward opens the next
         step), so the first token follows the prefill at once and the talker can start on it.
-        Stops within one step of `interrupt()`. A generator of forward requests; returns a `Step`.
+        The next token is chosen in the same request as the feed (`Feed.choice`; the first one:
+        `Choose` on the prefill's logits), on the device with every other session's of the step
+        (thinker_sampling.py). Stops within one step of `interrupt()`. A generator of forward
+        requests; returns a `Step`.
         """
         self._sync_row()
         reply = self._reply
