@@ -60,6 +60,6 @@ def parse_listen(value: str, key: str = "--sip") -> tuple[str, int]:
     """`udp:HOST:PORT` -> (HOST, PORT); ValueError naming `key` otherwise (SIP over UDP only)."""
     transport, _, rest = value.partition(":")
     host, _, port = rest.rpartition(":")
-    if transport != "udp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if transport != "udp" or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (logged)
         raise ValueError(f"{key}: {value!r} is not udp:HOST:PORT (SIP is served over UDP)")
     return host.strip("[]"), int(port)
