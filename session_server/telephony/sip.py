@@ -39,6 +39,7 @@ from typing import Any
 
 from aiosipua import IncomingCall, SipMessage, SipRequest, SipUAS, UdpSipTransport, negotiate_sdp, parse_sdp
 from aiosipua.dialog import DialogState
+from aiosipua.message import missing_required_headers
 from aiosipua.transport import _stamp_via_received
 
 from graph.errors import SessionRejected
@@ -52,6 +53,9 @@ from session_server.telephony.registry import PhoneCalls
 from session_server.telephony.sip_media import RtpWire, open_rtp, rtp_port
 
 log = logging.getLogger("session_server.telephony")
+# Every refusal is logged here, once, as one line; aiosipua's own warnings about the same
+# messages (with a traceback for some) would say it twice.
+logging.getLogger("aiosipua").setLevel(logging.ERROR)
 
 CODECS = {0: PCMU, 8: PCMA}  # RTP payload type -> session audio format, 8 kHz both
 DEFAULT_DTMF_PAYLOAD_TYPE = 101
@@ -86,9 +90,25 @@ class PendingCall:
         return CODECS[self.payload_type]
 
 
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, transport: _Transport):
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.transport._dispatch(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip: socket error: %s", exc)  # an ICMP unreachable from a caller gone away
+
+
 class _Transport(UdpSipTransport):
     """aiosipua's UDP transport, answering a message it cannot parse with 400 (logged once,
-    without the traceback aiosipua logs)."""
+    without the traceback aiosipua logs), on a protocol that also runs under uvloop (aiosipua's
+    asserts asyncio's own transport class)."""
+
+    async def start(self) -> None:
+        self._udp_transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Datagrams(self), local_addr=self.local_addr)
 
     def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
@@ -124,6 +144,16 @@ class _Uas(SipUAS):
     def __init__(self, transport: _Transport, on_info: Any):
         super().__init__(transport, user_agent=USER_AGENT)
         self._handlers["INFO"] = on_info
+
+    def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        missing = missing_required_headers(request)
+        if missing:
+            if "via" in missing:
+                log.info("sip: %s from %s:%s dropped: no Via to answer it by", request.method, addr[0], addr[1])
+            else:
+                self.refuse(request, addr, 400, "Bad Request", f"missing {', '.join(missing)}")
+            return
+        super()._handle_request(request, addr)
 
     def _handle_invite(self, request: SipRequest, addr: tuple[str, int]) -> None:
         existing = self._calls.get(request.call_id or "")

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import shutil
 import subprocess
 
 import numpy as np
+import openai
 import pytest
 
-from tests.conftest import running_server
+from tests.conftest import http_client, running_server
 from tests.telephony.sip_phone import RATE, SipPhone
 from tests.telephony.test_twilio_streams import API_KEY, phone_calls, phone_profile, sideband
 from tests.webrtc.helpers import dominant_hz, rms, until_true, utterance
@@ -56,3 +59,193 @@ async def test_a_call_rings_is_answered_with_pcmu_and_a_spoken_question_gets_a_s
             assert 420 <= dominant_hz(np.concatenate(loud()[:10]), RATE) <= 500
             assert (await phone.bye()).status_code == 200
         await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0 and len(server.state.sessions) == 0)
+
+
+async def test_dtmf_as_rfc_4733_events_and_sip_info_become_dtmf_events_on_the_sideband_in_order():
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            async with sideband(server, call.id) as events:
+                await until_true(lambda: call.sidebands)
+                for digit in ["1", "2", "#"]:
+                    await phone.dtmf(digit)
+                assert (await phone.info("Signal=9\r\nDuration=160\r\n")).status_code == 200
+                assert (await phone.info("*", content_type="application/dtmf")).status_code == 200
+                await phone.dtmf("0")
+                keys = lambda: [e["event"] for e in events if e["type"] == "input_audio_buffer.dtmf_event_received"]  # noqa: E731
+                await until_true(lambda: len(keys()) == 6)
+                assert keys() == ["1", "2", "#", "9", "*", "0"]
+                assert all(isinstance(e["received_at"], int) and e["received_at"] > 1_600_000_000
+                           for e in events if e["type"] == "input_audio_buffer.dtmf_event_received")
+                # an INFO that is no key is refused, the call goes on
+                assert (await phone.info("hello", content_type="text/plain")).status_code == 415
+                assert phone_calls(server).get(call.id) is call
+
+
+async def test_hangup_from_the_server_sends_bye_and_frees_the_slot_for_the_next_call():
+    async with running_server(sip_profile(limits={"max_sessions": 1}), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            assert [s.record().transport for s in server.state.sessions] == ["sip"]
+            async with http_client(server, API_KEY) as http:
+                assert (await http.post(f"/v1/realtime/calls/{call.id}/hangup")).status_code == 200
+                await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
+                await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
+                assert (await http.post(f"/v1/realtime/calls/{call.id}/hangup")).status_code == 404
+        async with SipPhone.open(sip_address(server)) as second:
+            await answered_call(server, second)  # the one slot is free again
+
+
+async def test_the_webhook_verifies_with_the_openai_sdk_and_its_accept_answers_the_call():
+    secret = "whsec_" + base64.b64encode(b"a test secret of 32 bytes long!!").decode()
+    async with webhook_receiver() as (hook_url, deliveries):
+        profile = sip_profile(webhook_url=hook_url, webhook_secret=secret)
+        async with running_server(profile, api_key=API_KEY) as server:
+            client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY)
+            async with SipPhone.open(sip_address(server)) as phone:
+                phone.invite(headers={"X-Customer-Id": "c-42", "Authorization": "Digest secret"})
+                await until_true(lambda: deliveries)
+                assert phone.statuses() == [100, 180]  # ringing until the application answers
+                body, headers = deliveries[0]
+                event = client.webhooks.unwrap(body, headers, secret=secret)
+                assert event.type == "realtime.call.incoming"
+                sent = {h.name: h.value for h in event.data.sip_headers}
+                assert sent["X-Customer-Id"] == "c-42" and "Authorization" not in sent and sent["Call-ID"] == phone.call_id
+                with pytest.raises(openai.InvalidWebhookSignatureError):
+                    client.webhooks.unwrap(body.replace(b"c-42", b"c-43"), headers, secret=secret)
+                await client.realtime.calls.accept(event.data.call_id, type="realtime", instructions="You answer the phone.")
+                final = await phone.final_response()
+                assert final.status_code == 200
+                phone.accept_answer(final)
+                call = phone_calls(server).get(event.data.call_id)
+                assert call.protocol.config.to_wire(call.protocol.session_id)["instructions"] == "You answer the phone."
+                with pytest.raises(openai.ConflictError):
+                    await client.realtime.calls.accept(event.data.call_id, type="realtime")
+                await client.realtime.calls.hangup(event.data.call_id)
+                await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
+
+
+async def test_reject_through_the_sdk_answers_the_caller_with_its_status_code():
+    async with webhook_receiver() as (hook_url, deliveries):
+        async with running_server(sip_profile(webhook_url=hook_url, webhook_secret="whsec_c2VjcmV0"), api_key=API_KEY) as server:
+            client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY)
+            async with SipPhone.open(sip_address(server)) as phone:
+                phone.invite()
+                await until_true(lambda: deliveries)
+                call_id = json.loads(deliveries[0][0])["data"]["call_id"]
+                await client.realtime.calls.reject(call_id, status_code=486)
+                assert (await phone.final_response()).status_code == 486
+                with pytest.raises(openai.NotFoundError):
+                    await client.realtime.calls.accept(call_id, type="realtime")
+            assert server.runtime.count("realtime") == 0
+
+
+async def test_a_call_nobody_accepts_gets_480_after_the_answer_timeout_and_cancel_gets_487():
+    async with webhook_receiver() as (hook_url, deliveries):
+        profile = sip_profile(webhook_url=hook_url, webhook_secret="whsec_c2VjcmV0", answer_timeout_s=0.3)
+        async with running_server(profile, api_key=API_KEY) as server:
+            async with SipPhone.open(sip_address(server)) as phone:
+                phone.invite()
+                assert (await phone.final_response()).status_code == 480
+            async with SipPhone.open(sip_address(server)) as phone:
+                phone.invite()
+                await phone.response(lambda r: r.status_code == 180)
+                phone.cancel()
+                assert (await phone.final_response("CANCEL")).status_code == 200
+                assert (await phone.final_response()).status_code == 487
+            assert len(server.server.config.app.state.sip.pending) == 0 and server.runtime.count("realtime") == 0
+
+
+async def test_malformed_sip_gets_400_no_common_codec_488_options_200_and_the_endpoint_goes_on(caplog):
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            phone.send_raw(b"INVITE sip:x SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:%d;branch=z9hG4bKbad\r\nCSeq: nonsense\r\n"
+                           b"Content-Length: 99999\r\n\r\n" % phone.port)
+            await phone.response(lambda r: r.status_code == 400)
+            phone.request("INVITE", "v=0\r\nm=audio notaport RTP/AVP 0\r\n")  # malformed SDP
+            await phone.response(lambda r: r.status_code == 400 and r.cseq is not None and r.cseq.method == "INVITE")
+        async with SipPhone.open(sip_address(server)) as phone:
+            assert (await phone.call(formats="9 18")).status_code == 488  # G.722 and G.729 only
+        async with SipPhone.open(sip_address(server)) as phone:
+            phone.request("OPTIONS")
+            assert (await phone.final_response("OPTIONS")).status_code == 200
+        assert server.runtime.count("realtime") == 0
+        assert "Traceback" not in caplog.text
+        async with SipPhone.open(sip_address(server)) as phone:
+            await answered_call(server, phone)
+
+
+async def test_an_invite_when_every_slot_is_taken_gets_486_and_the_call_in_progress_goes_on():
+    async with running_server(sip_profile(limits={"max_sessions": 1}), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as first:
+            call = await answered_call(server, first)
+            for _ in range(5):
+                async with SipPhone.open(sip_address(server)) as other:
+                    assert (await other.call()).status_code == 486
+            assert phone_calls(server).get(call.id) is call and not call.closed.is_set()
+
+
+async def test_rtp_from_another_address_is_dropped_and_the_callers_own_is_heard():
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            async with sideband(server, call.id) as events:
+                await until_true(lambda: call.sidebands)
+                async with SipPhone.open(sip_address(server)) as stranger:  # another port, the call's RTP address
+                    stranger.rtp.update_remote(phone.answer.rtp_address)
+                    await stranger.play(utterance(rate=RATE), RATE)
+                    await until_true(lambda: call.wire.rtp.dropped >= 150)
+                assert not any(e["type"] == "input_audio_buffer.speech_started" for e in events)
+                await phone.play(utterance(rate=RATE), RATE)
+                await until_true(lambda: any(e["type"] == "input_audio_buffer.speech_started" for e in events))
+
+
+async def test_a_call_whose_rtp_stops_ends_with_bye_after_the_media_timeout():
+    async with running_server(sip_profile(media_timeout_s=0.5), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests), timeout=10)
+            assert call.close_reason == "media_timeout"
+        await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
+
+
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="SIPp is not installed (scripts/install-test-deps.sh installs sip-tester)")
+async def test_sipp_places_a_call_and_hangs_up_through_the_endpoint():
+    async with running_server(sip_profile(limits={"max_sessions": 1}), api_key=API_KEY) as server:
+        host, port = sip_address(server)
+        # SIPp's built-in `uac` scenario: INVITE, 100/180 optional, 200, ACK, a pause, BYE, 200
+        process = await asyncio.create_subprocess_exec(
+            "sipp", "-sn", "uac", f"{host}:{port}", "-i", "127.0.0.1", "-p", "0", "-m", "1", "-d", "500", "-timeout", "20", "-nostdin",
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/tmp")
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), 30)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert process.returncode == 0, output.decode(errors="replace")[-2000:]
+        await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
+
+
+@contextlib.asynccontextmanager
+async def webhook_receiver():
+    """An HTTP server on 127.0.0.1 that keeps each POST's (body, headers) and answers 200."""
+    deliveries: list[tuple[bytes, dict[str, str]]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")[1:]
+        headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines if line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        deliveries.append((body, headers))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook", deliveries
+    finally:
+        listener.close()
+        await listener.wait_closed()
