@@ -160,6 +160,9 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
     if args.admin_key is not None and args.admin_key == args.api_key:
         log.error("--admin-key: the admin key must differ from the client API key (--api-key)")
         return 2
+    if (why := _sip_unavailable(profile, args.enable_realtime)) is not None:
+        log.error("%s", why)
+        return 1 if why.startswith("--sip: cannot") else 2
     from session_server.tracing import TracingUnavailable, from_settings
 
     try:
@@ -226,6 +229,25 @@ def _set_section_flags(profile: dict, args: argparse.Namespace) -> None:
             profile[section] = {}
         if isinstance(profile[section], dict):  # anything else is reported by validation
             profile[section][key] = value
+
+
+def _sip_unavailable(profile: dict, enable_realtime: bool) -> str | None:
+    """The SIP endpoint's address checked before anything loads, as the HTTP port is: one line."""
+    import socket
+
+    from session_server.telephony.config import TelephonyConfig
+
+    listen = TelephonyConfig.from_profile(profile).listen  # validated with the profile already
+    if listen is None:
+        return None
+    if not enable_realtime:
+        return "--sip: SIP calls are realtime sessions: add --enable-realtime"
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(listen)
+    except OSError as exc:
+        return f"--sip: cannot listen on udp:{listen[0]}:{listen[1]}: {exc.strerror} (choose another address with --sip)"
+    return None
 
 
 def _set_served_model_names(profile: dict, args: argparse.Namespace) -> None:

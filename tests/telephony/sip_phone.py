@@ -160,14 +160,23 @@ class SipPhone:
         cseq = self.cseq
         return await self.response(lambda r: r.cseq is not None and r.cseq.method == "INFO" and r.cseq.seq == cseq)
 
+    async def notify_transfer(self, sipfrag: str) -> SipResponse:
+        """Report a transfer's progress, as the transferee does after a REFER (RFC 3515)."""
+        self.cseq += 1
+        self.request("NOTIFY", f"{sipfrag}\r\n", content_type="message/sipfrag;version=2.0",
+                     headers={"Event": "refer", "Subscription-State": "terminated;reason=noresource"})
+        cseq = self.cseq
+        return await self.response(lambda r: r.cseq is not None and r.cseq.method == "NOTIFY" and r.cseq.seq == cseq)
+
     def _received(self, data: bytes) -> None:
         message = SipMessage.parse(data)
         if isinstance(message, SipResponse):
             self.responses.append(message)
         else:
             self.requests.append(message)
-            if message.method == "BYE" or message.method == "NOTIFY":  # the server hangs up or reports a transfer: 200
-                lines = [f"SIP/2.0 200 OK", *[f"Via: {v}" for v in message.headers.get("via")],
+            if message.method in ("BYE", "REFER"):  # the server hangs up (200) or transfers the call (202)
+                status = "202 Accepted" if message.method == "REFER" else "200 OK"
+                lines = [f"SIP/2.0 {status}", *[f"Via: {v}" for v in message.headers.get("via")],
                          f"From: {message.get_header('from')}", f"To: {message.get_header('to')}",
                          f"Call-ID: {message.call_id}", f"CSeq: {message.get_header('cseq')}", "Content-Length: 0"]
                 self.send_raw(("\r\n".join(lines) + "\r\n\r\n").encode())

@@ -96,6 +96,22 @@ async def test_hangup_from_the_server_sends_bye_and_frees_the_slot_for_the_next_
             await answered_call(server, second)  # the one slot is free again
 
 
+async def test_refer_transfers_the_call_and_it_ends_once_the_transfer_succeeds():
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY)
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            with pytest.raises(openai.BadRequestError):
+                await client.realtime.calls.refer(call.id, target_uri="not a uri")
+            await client.realtime.calls.refer(call.id, target_uri="tel:+14155550123")
+            await phone.wait_for(lambda: any(r.method == "REFER" for r in phone.requests))
+            refer = next(r for r in phone.requests if r.method == "REFER")
+            assert refer.get_header("refer-to") == "<tel:+14155550123>" and refer.call_id == phone.call_id
+            assert (await phone.notify_transfer("SIP/2.0 200 OK")).status_code == 200
+            await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
+            assert call.close_reason == "transferred"
+
+
 async def test_the_webhook_verifies_with_the_openai_sdk_and_its_accept_answers_the_call():
     secret = "whsec_" + base64.b64encode(b"a test secret of 32 bytes long!!").decode()
     async with webhook_receiver() as (hook_url, deliveries):
