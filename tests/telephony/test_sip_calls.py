@@ -137,6 +137,15 @@ async def test_the_webhook_verifies_with_the_openai_sdk_and_its_accept_answers_t
                 assert call.protocol.config.to_wire(call.protocol.session_id)["instructions"] == "You answer the phone."
                 with pytest.raises(openai.ConflictError):
                     await client.realtime.calls.accept(event.data.call_id, type="realtime")
+                # the sideband, as the SDK joins a call: `GET /v1/realtime?call_id=`
+                async with client.realtime.connect(call_id=event.data.call_id) as connection:
+                    await until_true(lambda: call.sidebands)
+                    await phone.dtmf("7")
+                    async with asyncio.timeout(10):
+                        received = await connection.recv()
+                        while received.type != "input_audio_buffer.dtmf_event_received":
+                            received = await connection.recv()
+                    assert received.event == "7"
                 await client.realtime.calls.hangup(event.data.call_id)
                 await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
 
