@@ -10,8 +10,8 @@
       answer_timeout_s: 10            # a call nobody accepts by then is rejected (480)
       media_timeout_s: 30             # a call whose media stops this long ends (BYE / stream closed)
 
-The carrier media stream (`/v1/telephony/twilio`, twilio.py) reads `accept` and
-`media_timeout_s`; the SIP endpoint is not served yet (docs/telephony.md says what is).
+The SIP endpoint (sip.py) reads all of it; the carrier media stream (`/v1/telephony/twilio`,
+twilio.py) reads `accept` and `media_timeout_s` (docs/telephony.md).
 """
 
 from __future__ import annotations

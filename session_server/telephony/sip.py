@@ -82,7 +82,8 @@ class PendingCall:
     invite: IncomingCall
     payload_type: int
     dtmf_payload_type: int | None
-    answering: bool = False  # an accept is in progress: the answer timeout waits for it
+    answering: bool = False  # an accept is in progress: the answer timeout lets it finish
+    expired: bool = False  # the answer timeout passed during an accept: if that fails, 480
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
@@ -260,17 +261,18 @@ class SipEndpoint:
     async def _auto_accept(self, pending: PendingCall) -> None:
         try:
             await self.accept(pending.id, self.config.accept)
-        except CallRefusal as refusal:
+        except CallRefusal:
             pass  # accept() already answered the caller and logged why
 
     async def _announce(self, pending: PendingCall) -> None:
         headers = [(name, value) for name, values in pending.invite.invite.headers.items() for value in values]
-        if not await self.webhooks.call_incoming(pending.id, headers):
+        if not await self.webhooks.call_incoming(pending.id, headers) and not pending.answering:
             self._end_pending(pending, 480, "the webhook was not delivered")
 
     async def _answer_timeout(self, pending: PendingCall) -> None:
         await asyncio.sleep(self.config.answer_timeout_s)
-        if not pending.answering and self.pending.get(pending.id) is pending:
+        pending.expired = True
+        if not pending.answering:
             self._end_pending(pending, 480, f"not accepted within {self.config.answer_timeout_s:g} s")
 
     # ------------------------------------------------------------------ the control plane (sip_control.py)
@@ -295,8 +297,12 @@ class SipEndpoint:
             call = await start_call(self.state, self.calls, pending.id, protocol, wire, "sip", self.config.media_timeout_s,
                                     on_closed=self._call_closed)
         except RealtimeError as error:
+            # The application may fix its session and accept again; the answer timeout still runs.
+            # A profile's `sip.accept` the core refuses answers every call with 500.
             await self._close_rtp(rtp)
-            self._end_pending(pending, 500 if error.type == "server_error" else 488, f"session config refused: {error.code}: {error.message}")
+            pending.answering = False
+            if self.webhooks is None or error.type == "server_error" or pending.expired:
+                self._end_pending(pending, 480 if pending.expired else 500, f"session config refused: {error.code}: {error.message}")
             raise CallRefusal(400, error.code, error.message, error.param) from None
         except SessionRejected as rejected:
             await self._close_rtp(rtp)
@@ -305,6 +311,7 @@ class SipEndpoint:
             raise CallRefusal(429 if busy else 503, rejected.code, rejected.message) from None
         except CallRefusal:
             await self._close_rtp(rtp)
+            pending.answering = False
             raise
         except BaseException:
             await self._close_rtp(rtp)

@@ -150,7 +150,7 @@ async def test_the_webhook_verifies_with_the_openai_sdk_and_its_accept_answers_t
                 await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
 
 
-async def test_reject_through_the_sdk_answers_the_caller_with_its_status_code():
+async def test_a_refused_accept_leaves_the_call_ringing_and_reject_answers_it_with_its_status_code():
     async with webhook_receiver() as (hook_url, deliveries):
         async with running_server(sip_profile(webhook_url=hook_url, webhook_secret="whsec_c2VjcmV0"), api_key=API_KEY) as server:
             client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY)
@@ -158,6 +158,11 @@ async def test_reject_through_the_sdk_answers_the_caller_with_its_status_code():
                 phone.invite()
                 await until_true(lambda: deliveries)
                 call_id = json.loads(deliveries[0][0])["data"]["call_id"]
+                # a session the core refuses: 400 with its code, and the call rings on
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await client.realtime.calls.accept(call_id, type="realtime", instructions=123)  # type: ignore[arg-type]
+                assert refused.value.code is not None
+                assert phone.statuses() == [100, 180]
                 await client.realtime.calls.reject(call_id, status_code=486)
                 assert (await phone.final_response()).status_code == 486
                 with pytest.raises(openai.NotFoundError):
