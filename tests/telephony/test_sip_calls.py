@@ -61,6 +61,40 @@ async def test_a_call_rings_is_answered_with_pcmu_and_a_spoken_question_gets_a_s
         await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0 and len(server.state.sessions) == 0)
 
 
+async def test_barge_in_stops_the_reply_packets_and_truncates_the_item_to_what_was_sent():
+    profile = sip_profile(reply={"words": 30, "chunk_ms": 200, "delay_s": 0.15})
+    async with running_server(profile, api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            async with sideband(server, call.id) as events:
+                await until_true(lambda: call.sidebands)
+                await phone.play(utterance(rate=RATE), RATE)
+                await until_true(lambda: len(loud_frames(phone.heard_audio())) >= 40, timeout=40)  # 0.8 s of reply heard
+                first = next(e["response"]["id"] for e in events if e["type"] == "response.created")
+                sent: dict[str, float] = {}  # ms of the first reply sent when the clear, then the next reply, were seen
+
+                async def watch() -> None:
+                    await until_true(lambda: any(e["type"] == "output_audio_buffer.cleared" for e in events), timeout=20, step=0.005)
+                    sent["clear"] = call.output.played_ms(first)
+                    await until_true(lambda: len([e for e in events if e["type"] == "response.created"]) >= 2, timeout=20, step=0.005)
+                    sent["next reply"] = call.output.played_ms(first)
+                    sent["heard"] = len(phone.heard)
+
+                watcher = asyncio.create_task(watch())
+                await phone.play(utterance("Stop, stop. Tell me something else.", rate=RATE), RATE)
+                await watcher
+                # no packet of the cancelled reply left after the clear
+                assert sent["next reply"] == sent["clear"], sent
+                await until_true(lambda: any(e["type"] == "conversation.item.truncated" for e in events), timeout=10)
+                truncated = next(e for e in events if e["type"] == "conversation.item.truncated")
+                # the item keeps what the caller heard (20 ms a packet), not the seconds generated ahead
+                heard_ms = 20 * len(loud_frames(np.frombuffer(b"".join(phone.heard[:int(sent["heard"])]), dtype="<i2").astype(np.float32) / 32768.0))
+                assert truncated["audio_end_ms"] == int(sent["clear"])
+                assert abs(truncated["audio_end_ms"] - heard_ms) <= 100, (truncated["audio_end_ms"], heard_ms)
+                done = [e for e in events if e["type"] == "response.done"]
+                assert done and done[0]["response"]["status"] == "cancelled"
+
+
 async def test_dtmf_as_rfc_4733_events_and_sip_info_become_dtmf_events_on_the_sideband_in_order():
     async with running_server(sip_profile(), api_key=API_KEY) as server:
         async with SipPhone.open(sip_address(server)) as phone:
