@@ -59,6 +59,7 @@ logging.getLogger("aiosipua").setLevel(logging.ERROR)
 
 CODECS = {0: PCMU, 8: PCMA}  # RTP payload type -> session audio format, 8 kHz both
 DEFAULT_DTMF_PAYLOAD_TYPE = 101
+DTMF_BODIES = ("application/dtmf-relay", "application/dtmf")  # SIP INFO keys (de facto, as PBXes send them)
 USER_AGENT = "sgl-omni"
 # A rejected INVITE's call is forgotten after this long even if its ACK never comes (64*T1).
 FORGET_AFTER_S = 32.0
@@ -203,7 +204,6 @@ class SipEndpoint:
         self.pending: dict[str, PendingCall] = {}
         self._by_sip_call: dict[str, str] = {}  # SIP Call-ID -> our call id (pending or live)
         self._invites: dict[str, IncomingCall] = {}  # our call id -> its INVITE (live calls)
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -253,10 +253,10 @@ class SipEndpoint:
         invite.ringing()
         log.info("sip: call %s (INVITE %s from %s:%s) ringing", pending.id, invite.call_id, addr[0], addr[1])
         if self.webhooks is None:
-            self._spawn(pending, self._auto_accept(pending))
+            self._spawn(pending, self._auto_accept(pending), "accept")
         else:
-            self._spawn(pending, self._announce(pending))
-            self._spawn(pending, self._answer_timeout(pending))
+            self._spawn(pending, self._announce(pending), "webhook")
+            self._spawn(pending, self._answer_timeout(pending), "answer-timeout")
 
     async def _auto_accept(self, pending: PendingCall) -> None:
         try:
@@ -278,8 +278,9 @@ class SipEndpoint:
     # ------------------------------------------------------------------ the control plane (sip_control.py)
 
     async def accept(self, call_id: str, session: dict[str, Any]) -> PhoneCall:
-        """Answer a pending call with `session` (a GA session object). A refusal of the
-        session config answers the caller too (the call cannot go on without a session)."""
+        """Answer a pending call with `session` (a GA session object). A session config the
+        core refuses leaves the call ringing (the application may accept again), except without
+        a webhook (nobody would) or once the answer timeout passed; no free slot answers 486."""
         pending = self._pending(call_id)
         if pending.answering:
             raise CallRefusal(409, "call_already_accepted", f"Call {call_id!r} is already being accepted.", "call_id")
@@ -293,7 +294,7 @@ class SipEndpoint:
             rtp = await open_rtp(pending.id, local_ip, invite.sdp_offer.rtp_address, pending.payload_type,
                                  pending.dtmf_payload_type or DEFAULT_DTMF_PAYLOAD_TYPE)
             self._still_pending(pending)
-            wire = RtpWire(rtp, pending.kind, lambda reason: self._send_bye(pending.id, invite, reason))
+            wire = RtpWire(rtp, pending.kind, lambda reason: self._send_bye(invite))
             call = await start_call(self.state, self.calls, pending.id, protocol, wire, "sip", self.config.media_timeout_s,
                                     on_closed=self._call_closed)
         except RealtimeError as error:
@@ -322,9 +323,7 @@ class SipEndpoint:
             call.close_soon("caller_cancelled")
             raise CallRefusal(404, "call_not_found", f"Call {call_id!r} was cancelled by the caller.", "call_id")
         del self.pending[pending.id]
-        for task in pending.tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
+        self._stop_tasks(pending)
         answer, _ = negotiate_sdp(invite.sdp_offer, local_ip, rtp_port(rtp), supported_codecs=[pending.payload_type],
                                   dtmf_payload_type=pending.dtmf_payload_type or 0, session_name=USER_AGENT)
         invite.accept(answer)
@@ -365,8 +364,7 @@ class SipEndpoint:
         pending = self.pending.pop(call_id, None) if call_id is not None else None
         if pending is not None:
             self._by_sip_call.pop(pending.invite.call_id, None)
-            for task in pending.tasks:
-                task.cancel()
+            self._stop_tasks(pending)
             log.info("sip: call %s cancelled by the caller", pending.id)
 
     def _on_bye(self, invite: IncomingCall, request: SipRequest) -> None:
@@ -397,11 +395,12 @@ class SipEndpoint:
         if not self.uas._validate_in_dialog(invite.dialog, request):
             return
         content_type = (request.content_type or "").split(";")[0].strip().lower()
+        if content_type not in DTMF_BODIES:
+            self.uas.refuse(request, addr, 415, "Unsupported Media Type", f"INFO with {content_type or 'no body'}: not a DTMF key")
+            return
         key = _dtmf_key(content_type, request.text)
         if key is None:
-            self.uas.refuse(request, addr, 415 if content_type not in ("application/dtmf-relay", "application/dtmf") else 400,
-                            "Unsupported Media Type" if content_type not in ("application/dtmf-relay", "application/dtmf") else "Bad Request",
-                            f"INFO with {content_type or 'no body'} is not a DTMF key")
+            self.uas.refuse(request, addr, 400, "Bad Request", f"INFO {content_type} names no key of 0-9, *, #, A-D")
             return
         self.uas.reply(invite, request, 200, "OK")
         call.dtmf(key)
@@ -430,14 +429,12 @@ class SipEndpoint:
         if self.pending.pop(pending.id, None) is None:
             return
         self._by_sip_call.pop(pending.invite.call_id, None)
-        for task in pending.tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
+        self._stop_tasks(pending)
         log.info("sip: call %s refused (%d): %s", pending.id, status, why)
         pending.invite.reject(status)
         self._forget_later(pending.invite)
 
-    def _send_bye(self, call_id: str, invite: IncomingCall, reason: str) -> None:
+    def _send_bye(self, invite: IncomingCall) -> None:
         if invite.dialog.state == DialogState.CONFIRMED:  # not when the caller's BYE ended it
             invite.hangup()
         self.uas.forget(invite)
@@ -447,11 +444,19 @@ class SipEndpoint:
         if invite is not None:
             self._by_sip_call.pop(invite.call_id, None)
 
+    @staticmethod
+    def _stop_tasks(pending: PendingCall) -> None:
+        """Stop a call's signalling tasks, but not an accept in progress: it finds the call gone
+        at its next step and releases what it opened (a cancel mid-way could leave a session)."""
+        for task in pending.tasks:
+            if task is not asyncio.current_task() and not (pending.answering and task.get_name().endswith(":accept")):
+                task.cancel()
+
     def _forget_later(self, invite: IncomingCall) -> None:
         asyncio.get_running_loop().call_later(FORGET_AFTER_S, self.uas.forget, invite)
 
-    def _spawn(self, pending: PendingCall, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine, name=f"{pending.id}:signalling")
+    def _spawn(self, pending: PendingCall, coroutine: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=f"{pending.id}:{name}")
         pending.tasks.add(task)
         task.add_done_callback(pending.tasks.discard)
 
