@@ -313,3 +313,20 @@ async def webhook_receiver():
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_twenty_concurrent_calls_each_get_their_own_reply():
+    async with running_server(sip_profile(reply={"words": 2, "chunk_ms": 200}, limits={"max_sessions": 20}), api_key=API_KEY) as server:
+        async def one_call() -> int:
+            async with SipPhone.open(sip_address(server)) as phone:
+                assert (await phone.call(timeout=20)).status_code == 200
+                await phone.play(utterance(rate=RATE), RATE, packet_gap_s=0.01)
+                await until_true(lambda: len(loud_frames(phone.heard_audio())) >= 15 and rms(phone.heard_audio()[-1600:]) < 0.01,
+                                 timeout=90, step=0.1)  # the reply, then 0.2 s of silence
+                assert (await phone.bye()).status_code == 200
+                return len(loud_frames(phone.heard_audio()))
+
+        loud = await asyncio.gather(*(one_call() for _ in range(20)))
+        # two 200 ms tones each: about 20 loud packets per call (one reply, not another call's too)
+        assert all(17 <= n <= 23 for n in loud), loud
+        await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
