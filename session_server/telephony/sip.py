@@ -287,7 +287,8 @@ class SipEndpoint:
         pending.answering = True
         invite, rtp = pending.invite, None
         try:
-            protocol = await phone_protocol(self.state, f"sess_{secrets.token_hex(12)}", phone_audio(pending.kind), session)
+            # The wire's formats last: the session says what the line carries, whatever the body said.
+            protocol = await phone_protocol(self.state, f"sess_{secrets.token_hex(12)}", session, phone_audio(pending.kind))
             self._still_pending(pending)
             local_ip = self._local_ip(invite.source_addr[0])
             assert invite.sdp_offer is not None and invite.sdp_offer.rtp_address is not None

@@ -37,11 +37,19 @@ from fastapi.responses import Response
 
 from session_server import strict_json
 from session_server.errors import openai_error_response
+from session_server.request_body import declared_body
 from session_server.telephony.sip import WEBHOOK_TIMEOUT_S, CallRefusal, SipEndpoint
 
 log = logging.getLogger("session_server.telephony")
 
 MAX_BODY_BYTES = 256 * 1024
+# The bodies, for the OpenAPI schema (the routes read and check them themselves).
+ACCEPT_BODY = {"type": "object", "description": "a GA realtime session config (as in `session.update`), `type` \"realtime\"",
+               "properties": {"type": {"type": "string", "enum": ["realtime"]}, "model": {"type": "string"},
+                              "instructions": {"type": "string"}}}
+REJECT_BODY = {"type": "object", "properties": {"status_code": {"type": "integer", "minimum": 400, "maximum": 699}}}
+REFER_BODY = {"type": "object", "required": ["target_uri"],
+              "properties": {"target_uri": {"type": "string", "pattern": "^(sip|sips|tel):[^\\r\\n<>]+$"}}}
 _PRIVATE_HEADERS = frozenset({"authorization", "proxy-authorization"})
 
 
@@ -100,7 +108,7 @@ def add_routes(app: FastAPI, endpoint: Any) -> None:
             raise CallRefusal(404, "call_not_found", f"No SIP call {call_id!r} (the SIP endpoint is off).", "call_id")
         return sip
 
-    @app.post("/v1/realtime/calls/{call_id}/accept")
+    @app.post("/v1/realtime/calls/{call_id}/accept", openapi_extra=declared_body({"application/json": ACCEPT_BODY}, required=False))
     async def accept(call_id: str, request: Request) -> Response:
         try:
             body = await _json_body(request)
@@ -114,7 +122,7 @@ def add_routes(app: FastAPI, endpoint: Any) -> None:
             return refused(refusal)
         return Response(status_code=200)
 
-    @app.post("/v1/realtime/calls/{call_id}/reject")
+    @app.post("/v1/realtime/calls/{call_id}/reject", openapi_extra=declared_body({"application/json": REJECT_BODY}, required=False))
     async def reject(call_id: str, request: Request) -> Response:
         try:
             body = await _json_body(request)
@@ -126,7 +134,7 @@ def add_routes(app: FastAPI, endpoint: Any) -> None:
             return refused(refusal)
         return Response(status_code=200)
 
-    @app.post("/v1/realtime/calls/{call_id}/refer")
+    @app.post("/v1/realtime/calls/{call_id}/refer", openapi_extra=declared_body({"application/json": REFER_BODY}))
     async def refer(call_id: str, request: Request) -> Response:
         try:
             body = await _json_body(request)

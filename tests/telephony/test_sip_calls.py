@@ -163,12 +163,15 @@ async def test_the_webhook_verifies_with_the_openai_sdk_and_its_accept_answers_t
                 assert sent["X-Customer-Id"] == "c-42" and "Authorization" not in sent and sent["Call-ID"] == phone.call_id
                 with pytest.raises(openai.InvalidWebhookSignatureError):
                     client.webhooks.unwrap(body.replace(b"c-42", b"c-43"), headers, secret=secret)
-                await client.realtime.calls.accept(event.data.call_id, type="realtime", instructions="You answer the phone.")
+                await client.realtime.calls.accept(event.data.call_id, type="realtime", instructions="You answer the phone.",
+                                                   audio={"input": {"format": {"type": "audio/pcm", "rate": 24000}}})
                 final = await phone.final_response()
                 assert final.status_code == 200
                 phone.accept_answer(final)
                 call = phone_calls(server).get(event.data.call_id)
-                assert call.protocol.config.to_wire(call.protocol.session_id)["instructions"] == "You answer the phone."
+                config = call.protocol.config.to_wire(call.protocol.session_id)
+                assert config["instructions"] == "You answer the phone."
+                assert config["audio"]["input"]["format"] == {"type": "audio/pcmu"}  # what the line carries
                 with pytest.raises(openai.ConflictError):
                     await client.realtime.calls.accept(event.data.call_id, type="realtime")
                 # the sideband, as the SDK joins a call: `GET /v1/realtime?call_id=`
