@@ -252,6 +252,15 @@ async def test_an_invite_when_every_slot_is_taken_gets_486_and_the_call_in_progr
             assert phone_calls(server).get(call.id) is call and not call.closed.is_set()
 
 
+async def test_server_shutdown_ends_a_live_call_with_bye():
+    async with contextlib.AsyncExitStack() as outlives_the_server:
+        async with running_server(sip_profile(), api_key=API_KEY) as server:
+            phone = await outlives_the_server.enter_async_context(SipPhone.open(sip_address(server)))
+            call = await answered_call(server, phone)
+        await phone.wait_for(lambda: any(r.method == "BYE" for r in phone.requests))
+        assert call.close_reason == "server_shutdown"
+
+
 async def test_rtp_from_another_address_is_dropped_and_the_callers_own_is_heard():
     async with running_server(sip_profile(), api_key=API_KEY) as server:
         async with SipPhone.open(sip_address(server)) as phone:
