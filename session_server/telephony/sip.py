@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -115,16 +116,28 @@ class _Transport(UdpSipTransport):
     def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
             message = SipMessage.parse(data)
-            if isinstance(message, SipRequest):
-                _stamp_via_received(message, addr)
         except Exception as error:  # noqa: BLE001 - whatever the parser says, the datagram is malformed
-            log.info("sip: malformed message from %s:%s refused (400): %s", addr[0], addr[1], error)
-            reply = _bad_request(data)
-            if reply is not None and self._udp_transport is not None:
-                self._udp_transport.sendto(reply, addr)
+            self._refuse(data, addr, f"malformed message: {error}")
             return
+        if isinstance(message, SipRequest):
+            missing = missing_required_headers(message)
+            if missing and "via" in missing:
+                log.info("sip: %s from %s:%s dropped: no Via to answer it by", message.method, addr[0], addr[1])
+                return
+            why = f"missing {', '.join(missing)}" if missing else _malformed(message)
+            if why is not None:
+                self._refuse(data, addr, f"{message.method} {message.call_id}: {why}")
+                return
+            _stamp_via_received(message, addr)
         if self.on_message is not None:
             self.on_message(message, addr)
+
+    def _refuse(self, data: bytes, addr: tuple[str, int], why: str) -> None:
+        """400, answered where it came from (its own Via may be what is wrong)."""
+        reply = _bad_request(data)
+        log.info("sip: from %s:%s %s: %s", addr[0], addr[1], "refused (400)" if reply is not None else "dropped", why)
+        if reply is not None and self._udp_transport is not None:
+            self._udp_transport.sendto(reply, addr)
 
 
 def _bad_request(data: bytes) -> bytes | None:
@@ -139,6 +152,31 @@ def _bad_request(data: bytes) -> bytes | None:
     return ("\r\n".join(["SIP/2.0 400 Bad Request", *copied, f"User-Agent: {USER_AGENT}", "Content-Length: 0"]) + "\r\n\r\n").encode()
 
 
+_CSEQ = re.compile(r"^\s*(\d{1,10})\s+([A-Za-z]+)\s*$")
+_VIA = re.compile(r"^\s*SIP\s*/\s*2\.0\s*/\s*[A-Za-z]+\s+[^\s;,]+")
+_ADDRESS = re.compile(r"^[^<>]*<\s*(sips?|tel):[^<>\s]+>[^<>]*$|^\s*(sips?|tel):[^<>\s;]+(;[^<>]*)?$", re.IGNORECASE)
+
+
+def _malformed(request: SipRequest) -> str | None:
+    """Why a request aiosipua parsed is not well formed (RFC 3261 §20 and §25), or None.
+    aiosipua is lenient here: it would answer an INVITE whose CSeq is `nonsense`."""
+    cseq = _CSEQ.match(request.get_header("cseq") or "")
+    if cseq is None or cseq.group(2).upper() != request.method.upper():
+        return f"CSeq {request.get_header('cseq')!r} is not `NUMBER {request.method}`"
+    if not _VIA.match(request.get_header("via") or ""):
+        return f"Via {request.get_header('via')!r} is not `SIP/2.0/TRANSPORT HOST`"
+    for name in ("from", "to"):
+        if not _ADDRESS.match(request.get_header(name) or ""):
+            return f"{name.title()} {request.get_header(name)!r} is not a sip:, sips: or tel: address"
+    contact = request.get_header("contact")
+    if contact is not None and contact.strip() != "*" and not _ADDRESS.match(contact.split(",")[0]):
+        return f"Contact {contact!r} is not a sip:, sips: or tel: address"
+    max_forwards = request.get_header("max-forwards")
+    if max_forwards is not None and not max_forwards.strip().isdigit():
+        return f"Max-Forwards {max_forwards!r} is not a number"
+    return None
+
+
 class _Uas(SipUAS):
     """aiosipua's UAS, with INFO (DTMF relay), malformed SDP refused before aiosipua parses it,
     INVITE retransmissions recognised, and calls forgotten once over."""
@@ -146,16 +184,6 @@ class _Uas(SipUAS):
     def __init__(self, transport: _Transport, on_info: Any):
         super().__init__(transport, user_agent=USER_AGENT)
         self._handlers["INFO"] = on_info
-
-    def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
-        missing = missing_required_headers(request)
-        if missing:
-            if "via" in missing:
-                log.info("sip: %s from %s:%s dropped: no Via to answer it by", request.method, addr[0], addr[1])
-            else:
-                self.refuse(request, addr, 400, "Bad Request", f"missing {', '.join(missing)}")
-            return
-        super()._handle_request(request, addr)
 
     def _handle_invite(self, request: SipRequest, addr: tuple[str, int]) -> None:
         existing = self._calls.get(request.call_id or "")

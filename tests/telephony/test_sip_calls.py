@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 
@@ -231,6 +232,14 @@ async def test_malformed_sip_gets_400_no_common_codec_488_options_200_and_the_en
             await phone.response(lambda r: r.status_code == 400)
             phone.request("INVITE", "v=0\r\nm=audio notaport RTP/AVP 0\r\n")  # malformed SDP
             await phone.response(lambda r: r.status_code == 400 and r.cseq is not None and r.cseq.method == "INVITE")
+            for header, bad in (("CSeq", "nonsense"), ("Via", "garbage"), ("From", "<<<>>>"), ("Max-Forwards", "x")):
+                phone.call_id = f"{header}@bad"
+                raw = bytes(f"INVITE sip:assistant@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{phone.port};branch=z9hG4bK{header}\r\n"
+                            f"From: <sip:caller@127.0.0.1>;tag=1\r\nTo: <sip:assistant@127.0.0.1>\r\nCall-ID: {header}@bad\r\n"
+                            f"CSeq: 1 INVITE\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n", "ascii")
+                raw = re.sub(rf"{header}: [^\r]*".encode(), f"{header}: {bad}".encode(), raw, count=1)
+                phone.send_raw(raw)
+                await phone.response(lambda r, cid=f"{header}@bad": r.status_code == 400 and r.call_id == cid)
         async with SipPhone.open(sip_address(server)) as phone:
             assert (await phone.call(formats="9 18")).status_code == 488  # G.722 and G.729 only
         async with SipPhone.open(sip_address(server)) as phone:
