@@ -5,7 +5,7 @@
                    [--state-url redis://HOST:PORT/DB] [--voices-url s3://BUCKET/PREFIX]
                    [--realtime-compat sglang-omni-v0] [--server-sched adaptive|batch|normal]
                    [--admin-key KEY] [--otlp-endpoint URL]
-                   [--served-model-name NAME [NAME...]]
+                   [--served-model-name NAME [NAME...]] [--sip udp:HOST:PORT]
     sgl-omni make-tiny-checkpoint DIR
 
 `serve` fails fast, before any model loads: the port is bound first (in use: exit 1, one line
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", metavar="NAME",
                        help="the model names clients may ask for (the profile's served_model_names, replaced): the first "
                             "is echoed where a client names none and listed first by /v1/models; default: the profile's")
+    serve.add_argument("--sip", metavar="udp:HOST:PORT",
+                       help="answer SIP calls here as realtime sessions (the profile's sip.listen; needs --enable-realtime; "
+                            "docs/telephony.md); default: the profile's, none")
     serve.add_argument("--shutdown-grace", type=float, help="seconds in-flight replies get on SIGTERM (default: the profile's limits)")
     serve.add_argument("--server-sched", choices=sched.POLICIES, default=sched.SERVER_DEFAULT,
                        help="the server process's CPU scheduling on Linux, with engine processes: batch (SCHED_BATCH: its "
@@ -157,6 +160,9 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
     if args.admin_key is not None and args.admin_key == args.api_key:
         log.error("--admin-key: the admin key must differ from the client API key (--api-key)")
         return 2
+    if (why := _sip_unavailable(profile, args.enable_realtime)) is not None:
+        log.error("%s", why)
+        return 1 if why.startswith("--sip: cannot") else 2
     from session_server.tracing import TracingUnavailable, from_settings
 
     try:
@@ -213,16 +219,35 @@ def _set_webrtc_candidates(profile: dict, args: argparse.Namespace) -> None:
 
 
 def _set_section_flags(profile: dict, args: argparse.Namespace) -> None:
-    """`--state-url`, `--voices-url` and `--realtime-compat` win over the profile's `state.url`,
-    `speech.voices_url` and `realtime.compat`."""
+    """`--state-url`, `--voices-url`, `--realtime-compat` and `--sip` win over the profile's
+    `state.url`, `speech.voices_url`, `realtime.compat` and `sip.listen`."""
     for value, section, key in ((args.state_url, "state", "url"), (args.voices_url, "speech", "voices_url"),
-                                (args.realtime_compat, "realtime", "compat")):
+                                (args.realtime_compat, "realtime", "compat"), (getattr(args, "sip", None), "sip", "listen")):
         if value is None:
             continue
         if profile.get(section) is None:
             profile[section] = {}
         if isinstance(profile[section], dict):  # anything else is reported by validation
             profile[section][key] = value
+
+
+def _sip_unavailable(profile: dict, enable_realtime: bool) -> str | None:
+    """The SIP endpoint's address checked before anything loads, as the HTTP port is: one line."""
+    import socket
+
+    from session_server.telephony.config import TelephonyConfig
+
+    listen = TelephonyConfig.from_profile(profile).listen  # validated with the profile already
+    if listen is None:
+        return None
+    if not enable_realtime:
+        return "--sip: SIP calls are realtime sessions: add --enable-realtime"
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(listen)
+    except OSError as exc:
+        return f"--sip: cannot listen on udp:{listen[0]}:{listen[1]}: {exc.strerror} (choose another address with --sip)"
+    return None
 
 
 def _set_served_model_names(profile: dict, args: argparse.Namespace) -> None:

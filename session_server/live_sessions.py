@@ -24,7 +24,7 @@ import msgspec
 
 from session_server.usage import SessionUsage, UsageRecord
 
-Transport = Literal["websocket", "webrtc", "http", "twilio"]
+Transport = Literal["websocket", "webrtc", "http", "twilio", "sip"]
 # "closed": only in the answer to the DELETE that ended it.
 ConnectionState = Literal["connected", "parked", "closed"]
 

@@ -1,9 +1,12 @@
-"""Phone calls as realtime sessions: carrier media streams today (SIP is not served yet).
+"""Phone calls as realtime sessions: SIP calls and carrier media streams.
 
 `install(app, state)` (with `--enable-realtime`) adds:
 - `/v1/telephony/twilio`: a WebSocket speaking Twilio Media Streams' JSON protocol (twilio.py);
-- sidebands: `GET /v1/realtime?call_id=twilio_...` attaches to a live phone call as to a WebRTC
-  call (webrtc/sideband.py, unchanged: a `PhoneCall` offers the same attach/detach/receive);
+- with `sip.listen` (`serve --sip udp:HOST:PORT`): the SIP endpoint (sip.py), started with the
+  app and stopped after its calls, and OpenAI's SIP control plane (sip_control.py:
+  `POST /v1/realtime/calls/{call_id}/accept | reject | refer | hangup`, the webhook);
+- sidebands: `GET /v1/realtime?call_id=twilio_... | sip_...` attaches to a live phone call as to
+  a WebRTC call (webrtc/sideband.py, unchanged: a `PhoneCall` offers the same attach/detach/receive);
 - a shutdown step that ends every phone call before the runtime stops.
 
 Every call runs on the realtime protocol core through `phone_call.PhoneCall` (the link the
@@ -21,11 +24,16 @@ from session_server.telephony.registry import PhoneCalls
 
 
 def install(app: FastAPI, state: ServerState) -> None:
+    from session_server.telephony.config import TelephonyConfig
+    from session_server.telephony.sip_control import add_routes
     from session_server.telephony.twilio import PATH, serve_twilio
     from session_server.webrtc.sideband import serve_sideband
 
     calls = PhoneCalls()
     app.state.phone_calls = calls
+    app.state.sip = None  # the SipEndpoint while it runs
+    config = TelephonyConfig.from_profile(state.settings.profile)
+    add_routes(app, lambda: app.state.sip)
 
     @app.websocket(PATH)
     async def twilio_stream(websocket: WebSocket) -> None:
@@ -47,9 +55,24 @@ def install(app: FastAPI, state: ServerState) -> None:
     @contextlib.asynccontextmanager
     async def lifespan(app_: FastAPI):
         async with serve_app(app_) as value:
+            sip = webhooks = None
             try:
+                if config.listen is not None:
+                    from session_server.telephony.sip import SipEndpoint
+                    from session_server.telephony.sip_control import Webhooks
+
+                    if config.webhook_url is not None and config.webhook_secret is not None:
+                        webhooks = Webhooks(config.webhook_url, config.webhook_secret)
+                    sip = SipEndpoint(state, calls, config, webhooks)
+                    await sip.start()
+                    app.state.sip = sip
                 yield value
             finally:
+                app.state.sip = None
                 await calls.close_all("server_shutdown")
+                if sip is not None:
+                    await sip.stop()
+                if webhooks is not None:
+                    await webhooks.close()
 
     app.router.lifespan_context = lifespan

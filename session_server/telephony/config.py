@@ -10,8 +10,8 @@
       answer_timeout_s: 10            # a call nobody accepts by then is rejected (480)
       media_timeout_s: 30             # a call whose media stops this long ends (BYE / stream closed)
 
-The carrier media stream (`/v1/telephony/twilio`, twilio.py) reads `accept` and
-`media_timeout_s`; the SIP endpoint is not served yet (docs/telephony.md says what is).
+The SIP endpoint (sip.py) reads all of it; the carrier media stream (`/v1/telephony/twilio`,
+twilio.py) reads `accept` and `media_timeout_s` (docs/telephony.md).
 """
 
 from __future__ import annotations
@@ -60,6 +60,6 @@ def parse_listen(value: str, key: str = "--sip") -> tuple[str, int]:
     """`udp:HOST:PORT` -> (HOST, PORT); ValueError naming `key` otherwise (SIP over UDP only)."""
     transport, _, rest = value.partition(":")
     host, _, port = rest.rpartition(":")
-    if transport != "udp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if transport != "udp" or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (logged)
         raise ValueError(f"{key}: {value!r} is not udp:HOST:PORT (SIP is served over UDP)")
     return host.strip("[]"), int(port)

@@ -4,7 +4,7 @@
     graph outputs --pump--> protocol --> SendAudio --> PhoneOutput --20 ms clock--> wire frames
                                      \\-> server events --> sidebands (`GET /v1/realtime?call_id=`)
 
-A wire (the carrier media stream of twilio.py today; SIP/RTP next) moves bytes and says what its
+A wire (the carrier media stream of twilio.py, RTP of a SIP call in sip_media.py) moves bytes and says what its
 caller did; every protocol rule stays in `session_server/realtime/protocol.py`. The core is
 built with `audio_deltas=False`, as for WebRTC: reply audio comes out as `SendAudio`, is
 resampled to 8 kHz and leaves one 20 ms frame per tick of a monotonic clock. What a phone call

@@ -45,13 +45,12 @@ from starlette.websockets import WebSocket
 from graph.errors import SessionRejected
 from session_server.realtime.audio_formats import PCMU, ULAW_DECODE
 from session_server.realtime.events import RealtimeError
-from session_server.realtime.protocol import RealtimeProtocol, realtime_unavailable, reply_input_for
-from session_server.realtime.served import served_model
-from session_server.realtime.voice_lookups import look_up_voices
+from session_server.realtime.protocol import RealtimeProtocol
 from session_server.state import ServerState
 from session_server.telephony.config import TelephonyConfig
 from session_server.telephony.phone_audio import PHONE_RATE, g711
 from session_server.telephony.phone_call import DTMF_KEYS, PhoneCall
+from session_server.telephony.phone_session import phone_audio, phone_protocol, start_call
 from session_server.telephony.registry import PhoneCalls
 
 log = logging.getLogger("session_server.telephony")
@@ -60,8 +59,6 @@ PATH = "/v1/telephony/twilio"
 # One message: Twilio sends 20 ms (160 bytes, 216 base64 characters) per media message.
 MAX_MESSAGE_CHARS = 64 * 1024
 MEDIA_ENCODING = "audio/x-mulaw"
-# What the session is told its audio is (the wire's formats, as OpenAI's SIP sessions say).
-PHONE_AUDIO = {"audio": {"input": {"format": {"type": PCMU}}, "output": {"format": {"type": PCMU}}}}
 CLOSE_POLICY, CLOSE_TRY_AGAIN = 1008, 1013
 _CALL_SID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -241,38 +238,19 @@ class _Stream:
         token = secrets.token_hex(12)
         call_id = f"twilio_{call_sid}" if isinstance(call_sid, str) and _CALL_SID.match(call_sid) and not self.calls.get(f"twilio_{call_sid}") else f"twilio_{token}"
         protocol = await self.session_protocol(f"sess_{token}", parameters)
+        config = TelephonyConfig.from_profile(self.state.settings.profile)
+        wire = TwilioWire(self.websocket, self.stream_sid or "")
         try:
-            graph = await self.state.runtime.open_session(protocol.session_id, "realtime", protocol.graph_config())
+            call = await start_call(self.state, self.calls, call_id, protocol, wire, "twilio", config.media_timeout_s)
         except SessionRejected as rejected:
             raise StreamError(rejected.code, rejected.message, fatal=True,
                               close_code=CLOSE_TRY_AGAIN if rejected.code in ("session_limit_reached", "server_shutting_down") else CLOSE_POLICY) from None
-        config = TelephonyConfig.from_profile(self.state.settings.profile)
-        self.wire = TwilioWire(self.websocket, self.stream_sid or "")
-        self.writer = asyncio.create_task(self.wire.write(), name=f"{call_id}:writer")
-
-        def closed(call: PhoneCall) -> None:
-            self.calls.forget(call)
-            self.state.sessions.forget(call)
-            if call.trace is not None:
-                call.trace.close()
-
-        call = PhoneCall(call_id, protocol, self.wire, "twilio", config.media_timeout_s, on_closed=closed, metrics=self.state.metrics)
-        self.calls.add(call)
-        self.state.sessions.add(call, "realtime", "twilio", call_id=call_id)
-        if self.state.tracing is not None:
-            call.trace = self.state.tracing.session(protocol.session_id, "twilio", protocol.usage)
+        self.wire = wire
+        self.writer = asyncio.create_task(wire.write(), name=f"{call_id}:writer")
         self.call = call
-        call.start(graph)
         log.info("twilio stream %s: call %s, session %s", self.stream_sid, call_id, protocol.session_id)
 
     async def session_protocol(self, session_id: str, parameters: dict[str, Any]) -> RealtimeProtocol:
-        state = self.state
-        if (why := realtime_unavailable(state.runtime.spec.inputs)) is not None:
-            raise StreamError("realtime_unavailable", why, fatal=True)
-        protocol = RealtimeProtocol(session_id, state.settings.model_id, audio_deltas=False,
-                                    reply_input=reply_input_for(state.runtime.spec.inputs), served=served_model(state),
-                                    usage_totals=state.metrics.usage)
-        accept = TelephonyConfig.from_profile(state.settings.profile).accept
         patch: dict[str, Any] = {}
         for key in ("instructions", "voice"):
             value = parameters.get(key)
@@ -282,16 +260,11 @@ class _Stream:
             patch["instructions"] = parameters["instructions"]
         if isinstance(parameters.get("voice"), str):
             patch["audio"] = {"output": {"voice": parameters["voice"]}}
+        accept = TelephonyConfig.from_profile(self.state.settings.profile).accept
         try:
-            for session in (PHONE_AUDIO, accept, patch):
-                if session:
-                    await look_up_voices(protocol, {"type": "session.update", "session": session})
-                    protocol.configure_initial(session)
+            return await phone_protocol(self.state, session_id, phone_audio(PCMU), accept, patch)
         except RealtimeError as error:
             raise StreamError(error.code, error.message, error.param, fatal=True) from None
-        except RecursionError:
-            raise StreamError("invalid_json", "The session config is nested too deeply.", fatal=True) from None
-        return protocol
 
     async def refuse(self, error: StreamError) -> None:
         log.info("twilio stream %s: refused %s: %s", self.stream_sid, error.code, error.message)

@@ -124,6 +124,9 @@ def add_routes(app: FastAPI, state: ServerState, config: WebRTCConfig, calls: Ca
 
     @app.post("/v1/realtime/calls/{call_id}/hangup")
     async def hangup(call_id: str) -> Response:
+        elsewhere = getattr(app.state, "hang_up_elsewhere", None)  # a phone call's id (telephony/sip_control.py)
+        if elsewhere is not None and (answer := await elsewhere(call_id)) is not None:
+            return answer
         if missing:
             return unavailable_response(missing)
         call = calls.get(call_id)

@@ -37,3 +37,25 @@ def test_listen_is_udp_host_port():
     assert parse_listen("udp:[::1]:5060") == ("::1", 5060)
     with pytest.raises(ValueError, match="--sip"):
         parse_listen("udp:host")
+
+
+def test_serve_sip_sets_the_profiles_listen_over_its_own():
+    from session_server.cli import _set_section_flags, build_parser
+
+    profile = {"sip": {"listen": "udp:0.0.0.0:5060", "accept": {"instructions": "Hi."}}}
+    _set_section_flags(profile, build_parser().parse_args(["serve", "--sip", "udp:127.0.0.1:5070"]))
+    assert profile["sip"] == {"listen": "udp:127.0.0.1:5070", "accept": {"instructions": "Hi."}}
+
+
+def test_serve_sip_on_an_address_in_use_is_one_line_before_anything_loads():
+    import socket
+
+    from session_server.cli import _sip_unavailable
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        why = _sip_unavailable({"sip": {"listen": f"udp:127.0.0.1:{port}"}}, enable_realtime=True)
+    assert why is not None and why.startswith(f"--sip: cannot listen on udp:127.0.0.1:{port}")
+    assert _sip_unavailable({"sip": {"listen": "udp:127.0.0.1:5070"}}, enable_realtime=False) == \
+        "--sip: SIP calls are realtime sessions: add --enable-realtime"
