@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import itertools
 import json
 import time
@@ -79,7 +80,7 @@ REALTIME_CLIENT_EVENTS = frozenset({
 
 # Why a GA session ended -> Live's `session.closed.reason`.
 _CLOSE_REASONS = {"max_duration": "expired", "max_duration_reached": "expired", "session_expired": "expired",
-                  "idle_timeout": "expired"}
+                  "idle_timeout": "expired", "hangup": "close_requested", "peer_closed": "remote_hangup"}
 _SILENCE_BYTE = {"audio/pcm": 0x00, "audio/pcmu": 0xFF, "audio/pcma": 0xD5}
 
 
@@ -145,6 +146,45 @@ class SessionConfig(_Strict, kw_only=True):
     triggers: list[dict[str, Any]] | None = None
 
 
+class MediaAudio(_Strict, kw_only=True):
+    output: AudioOutput | None = None  # no `format`: WebRTC negotiates it on the media transport
+
+
+class WakePolicy(_Strict, kw_only=True):
+    type: str
+    vad_threshold: float | None = None
+
+
+class MediaSessionConfig(_Strict, kw_only=True):
+    """`POST /v1/live/sessions`'s `session` (WebRTC): the startup config, without an audio format."""
+
+    model: str
+    audio: MediaAudio | None = None
+    client: dict[str, Any] | None = None
+    delegation: Delegation | None = None
+    idle_timeout_s: int | None = None
+    input: list[InitialItem] | None = None
+    instructions: str | None = None
+    safety_identifier: str | None = None
+    store: bool | None = None
+    triggers: list[dict[str, Any]] | None = None
+    wake_policy: WakePolicy | None = None
+
+
+class ForkAudio(_Strict, kw_only=True):
+    format: AudioFormat | None = None
+
+
+class ForkSessionConfig(_Strict, kw_only=True):
+    """A fork's overrides (`session.start` on the fork WebSocket, or the fork POST's `session`):
+    the model, voice, instructions and conversation are the source's."""
+
+    audio: ForkAudio | None = None  # WebSocket forks only
+    client: dict[str, Any] | None = None
+    delegation: dict[str, Any] | None = None
+    store: bool | None = None
+
+
 class SessionUpdateConfig(_Strict, kw_only=True):
     delegation: Delegation | None = None
     triggers: list[dict[str, Any]] | None = None
@@ -156,6 +196,10 @@ class _Event(_Strict, tag_field="type"):
 
 class SessionStart(_Event, tag="session.start", kw_only=True):
     session: SessionConfig
+
+
+class ForkStart(_Event, tag="session.start", kw_only=True):
+    session: ForkSessionConfig
 
 
 class SessionUpdate(_Event, tag="session.update", kw_only=True):
@@ -199,10 +243,13 @@ LiveClientEvent = (SessionStart | SessionUpdate | SessionClose | InputAudioAppen
                    | InstructionsAppend | ThinkingAppend | CommentaryAppend)
 
 
-def _validation_error(message: str) -> LiveError:
-    """msgspec's message names the path (`... - at `$.session.foo``): the Live param it names."""
+def _validation_error(message: str, prefix: str | None = None) -> LiveError:
+    """msgspec's message names the path (`... - at `$.session.foo``): the Live param it names
+    (under `prefix` when what was converted is a part of the request, e.g. its `session`)."""
     text, _, where = message.partition(" - at `")
     path = where.rstrip("`").removeprefix("$").lstrip(".") or None
+    if prefix is not None:
+        path = f"{prefix}.{path}" if path else prefix
     if text.startswith("Object contains unknown field"):
         name = text.split("`")[1] if "`" in text else ""
         param = f"{path}.{name}" if path else name
@@ -248,6 +295,7 @@ class LiveDialect:
         self.muted = False
         self.close_requested = False  # a `session.close` went to the core: its close is Live's `close_requested`
         self.delegations: dict[str, bool] = {}  # call id -> answered yet
+        self.forked_from: str | None = None  # a fork's source session (seed_fork)
         self.transcribed_items: set[str] = set()
         # Who else sees each Live event sent to the client (live_sideband.py): called in order.
         self.observers: list[Any] = []
@@ -287,6 +335,12 @@ class LiveDialect:
         if kind not in SERVED_CLIENT_EVENTS:
             raise LiveError("unknown_event_type", f"Unknown Live event type {kind!r}. Supported: "
                             f"{', '.join(sorted(SERVED_CLIENT_EVENTS))}.", "type")
+        if kind == "session.start" and self.forked_from is not None:
+            try:
+                fork_start = msgspec.convert(raw, ForkStart)  # the event's own shape; its overrides below
+            except msgspec.ValidationError as exc:
+                raise _validation_error(str(exc)) from None
+            return self.start_fork(raw["session"], fork_start.event_id, media=False)
         try:
             event = msgspec.convert(raw, LiveClientEvent)
         except msgspec.ValidationError as exc:
@@ -310,41 +364,118 @@ class LiveDialect:
         return self._context(event)
 
     def _start(self, event: SessionStart) -> LiveInput:
+        self._check_not_started()
+        return self._begin(event.session, event.event_id, media=False)
+
+    def start_media(self, config: Any) -> LiveInput:
+        """`POST /v1/live/sessions` (WebRTC): the startup config comes with the offer and the
+        session starts without a `session.start`; its `session.started` goes out on the data
+        channel. Raises `LiveError` (params named `session.*`)."""
+        try:
+            parsed = msgspec.convert(config, MediaSessionConfig)
+        except msgspec.ValidationError as exc:
+            raise _validation_error(str(exc), "session") from None
+        return self._begin(parsed, None, media=True)
+
+    def start_fork(self, overrides: Any, event_id: str | None, media: bool) -> LiveInput:
+        """A fork's start (`seed_fork` first): its overrides, as a GA `session.update` whose
+        `session.updated` becomes `session.started`. Raises `LiveError`."""
+        self._check_not_started()
+        try:
+            config = msgspec.convert(overrides if overrides is not None else {}, ForkSessionConfig)
+        except msgspec.ValidationError as exc:
+            raise _validation_error(str(exc), "session") from None
+        if config.client is not None:
+            raise LiveError("unsupported", "`client` (frontend data-channel permissions) is not served.", "session.client")
+        if config.delegation is not None:
+            raise LiveError("unsupported", "A fork's `delegation` overrides a Responses backend; this server serves client "
+                            "delegation only, which a fork inherits.", "session.delegation")
+        if config.store:
+            raise LiveError("unsupported", "Stored sessions (recordings) are not served.", "session.store")
+        ga_session: dict[str, Any] = {"type": "realtime"}
+        if config.audio is not None and config.audio.format is not None:
+            if media:
+                raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
+                                "omit `session.audio`.", "session.audio")
+            audio_format = self._format(config.audio.format)
+            ga_session["audio"] = {"input": {"format": audio_format}, "output": {"format": audio_format}}
+            self.input_format = audio_format
+            self.session["audio"]["format"] = self._live_format(audio_format)
+        self.start_event_id = event_id or ""
+        return LiveInput([{"type": "session.update", "event_id": event_id, "session": ga_session}])
+
+    def fork_state(self) -> dict[str, Any]:
+        """What a fork of this session takes from its Live side (live_fork.py); JSON-able."""
+        return {"session": copy.deepcopy(self.session), "input_format": dict(self.input_format),
+                "delegations": dict(self.delegations)}
+
+    def seed_fork(self, source_id: str, state: dict[str, Any], media: bool) -> None:
+        """Make this (new) session a fork of `source_id`: its session object and open
+        delegations, under this session's id. The conversation is the protocol's (snapshot.py)."""
+        self.forked_from = source_id
+        session = copy.deepcopy(state["session"])
+        session.update({"id": self.session_id, "expires_at": 0})
+        session.setdefault("sglang", {})["forked_from"] = source_id
+        self.input_format = dict(state["input_format"])
+        voice = {"voice": ((session.get("audio") or {}).get("output") or {}).get("voice")}
+        session["audio"] = {"output": voice} if media else {"format": self._live_format(self.input_format), "output": voice}
+        self.session = session
+        self.delegations = dict(state["delegations"])
+
+    def _check_not_started(self) -> None:
         if self.started or self.start_event_id is not None:
-            raise LiveError("session_already_started", "`session.start` is sent once, first.", "type")
-        config = event.session
+            raise LiveError("session_already_started", "`session.start` is sent once, first (a WebRTC session "
+                            "starts when it is created).", "type")
+
+    def _begin(self, config: SessionConfig | MediaSessionConfig, event_id: str | None, media: bool) -> LiveInput:
         if config.model not in self.answered_names:
             raise LiveError("model_not_found", f"The model {config.model!r} is not served here; this server answers "
                             f"{', '.join(repr(n) for n in dict.fromkeys(self.answered_names))} with {self.served_model!r}.",
                             "session.model")
         delegation = self._delegation(config.delegation, "session.delegation")
         if config.client is not None:
-            raise LiveError("unsupported", "`client` (frontend capabilities of a WebRTC session) is not served: "
-                            "this server serves Live over WebSocket only.", "session.client")
+            raise LiveError("unsupported", "`client` (frontend data-channel permissions of a WebRTC session) is not "
+                            "served.", "session.client")
         if config.triggers:
             raise LiveError("unsupported", "Decisions triggers are not served.", "session.triggers")
         if config.store:
-            raise LiveError("unsupported", "Stored sessions (forks, recordings) are not served.", "session.store")
-        audio_format, voice = self._audio(config.audio)
-        items = self._initial_items(config.input or [], event.event_id)
+            raise LiveError("unsupported", "Stored sessions (recordings) are not served; a live session can be forked "
+                            "without it.", "session.store")
+        if isinstance(config, MediaSessionConfig):
+            if config.idle_timeout_s is not None:
+                raise LiveError("unsupported", "Pausing inference when idle (`idle_timeout_s`) is not served: inference "
+                                "stays on for the whole session.", "session.idle_timeout_s")
+            if config.wake_policy is not None and config.wake_policy.type != "speech":
+                raise LiveError("invalid_value", "The wake policy type is `speech`.", "session.wake_policy.type")
+        fmt = getattr(config.audio, "format", None)
+        audio_format = self._format(fmt) if fmt is not None else None
+        voice = config.audio.output.voice if config.audio is not None and config.audio.output is not None else None
+        voice = voice.id if isinstance(voice, VoiceRef) else voice
+        if audio_format is None and not media:
+            audio_format = {"type": "audio/pcm", "rate": 24000}
+        items = self._initial_items(config.input or [], event_id)
+        formats = {"format": audio_format} if audio_format is not None else {}  # WebRTC: the GA session's own
         ga_session: dict[str, Any] = {
             "type": "realtime",
             "output_modalities": ["audio"],
             "audio": {
-                "input": {"format": audio_format, "transcription": {"model": config.model},
+                "input": {**formats, "transcription": {"model": config.model},
                           "turn_detection": {"type": "server_vad", "create_response": True, "interrupt_response": True}},
-                "output": {"format": audio_format, **({"voice": voice} if voice is not None else {})},
+                "output": {**formats, **({"voice": voice} if voice is not None else {})},
             },
             "tools": [DELEGATE_TOOL],
             "tool_choice": "auto",
         }
         if config.instructions and config.instructions.strip():
             ga_session["instructions"] = config.instructions
-        self.start_event_id = event.event_id or ""
-        self.input_format = audio_format
+        self.start_event_id = event_id or ""
+        live_audio: dict[str, Any] = {"output": {"voice": voice}}
+        if audio_format is not None:
+            self.input_format = audio_format
+            live_audio = {"format": self._live_format(audio_format), **live_audio}
         self.session.update({
             "model": config.model,
-            "audio": {"format": self._live_format(audio_format), "output": {"voice": voice}},
+            "audio": live_audio,
             "delegation": delegation,
             "input": [msgspec.to_builtins(item) for item in config.input or []],
             "instructions": config.instructions,
@@ -353,7 +484,7 @@ class LiveDialect:
             "triggers": [],
             "sglang": {"served_model": self.served_model},
         })
-        return LiveInput([{"type": "session.update", "event_id": event.event_id, "session": ga_session}, *items])
+        return LiveInput([{"type": "session.update", "event_id": event_id, "session": ga_session}, *items])
 
     def _update(self, event: SessionUpdate) -> LiveInput:
         update = event.session
@@ -375,20 +506,16 @@ class LiveDialect:
             raise LiveError("invalid_value", "`acknowledgement_delay_ms` must be >= 0.", f"{param}.acknowledgement_delay_ms")
         return {"type": "client", "acknowledgement_delay_ms": delegation.acknowledgement_delay_ms or 0}
 
-    def _audio(self, audio: Audio | None) -> tuple[dict[str, Any], Any]:
-        fmt = audio.format if audio is not None else None
-        voice = audio.output.voice if audio is not None and audio.output is not None else None
-        voice = voice.id if isinstance(voice, VoiceRef) else voice
-        if fmt is None:
-            return {"type": "audio/pcm", "rate": 24000}, voice
+    @staticmethod
+    def _format(fmt: AudioFormat) -> dict[str, Any]:
         if fmt.type == "audio/pcm":
             if fmt.rate not in (16000, 24000):
                 raise LiveError("invalid_value", "`audio/pcm` is 16000 or 24000 Hz.", "session.audio.format.rate")
-            return {"type": "audio/pcm", "rate": fmt.rate}, voice
+            return {"type": "audio/pcm", "rate": fmt.rate}
         if fmt.type in ("audio/pcmu", "audio/pcma"):
             if fmt.rate not in (None, 8000):
                 raise LiveError("invalid_value", "G.711 audio is 8000 Hz.", "session.audio.format.rate")
-            return {"type": fmt.type}, voice
+            return {"type": fmt.type}
         raise LiveError("invalid_value", f"Unknown audio format {fmt.type!r} (audio/pcm, audio/pcmu, audio/pcma).",
                         "session.audio.format.type")
 

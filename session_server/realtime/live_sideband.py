@@ -109,14 +109,14 @@ async def serve_attach(websocket: WebSocket, links: dict[str, Any], session_id: 
         return
     dialect = link.protocol.dialect
     sideband = Sideband(websocket, dialect.input_format, dialect.ms)
-    link.sidebands.append(sideband)
+    link.live_sidebands.append(sideband)
     dialect.observers.append(sideband.observe)
     writer = asyncio.create_task(sideband.writer(), name=f"{session_id}:sideband-writer")
     reader = asyncio.create_task(_read(websocket, link), name=f"{session_id}:sideband-reader")
     try:
         await asyncio.wait([writer, reader], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        link.sidebands.remove(sideband)
+        link.live_sidebands.remove(sideband)
         dialect.observers.remove(sideband.observe)
         for task in (writer, reader):
             task.cancel()

@@ -119,18 +119,23 @@ async def test_live_events_on_the_realtime_endpoint_get_coded_errors():
             await client.until("session.updated")
 
 
-async def test_an_unknown_sideband_fork_and_webrtc_get_coded_errors():
+async def test_an_unknown_sideband_and_fork_webrtc_and_sip_get_coded_errors():
     async with server() as srv:
         async with live_socket(srv, "/v1/live/sessions/sess_x/attach") as ws:
             refusal = await RawClient(ws).recv()
+        async with live_socket(srv, "/v1/live/sessions/sess_x/fork") as ws:
+            fork_refusal = await RawClient(ws).recv()
         headers = {"Authorization": f"Bearer {API_KEY}"}
         async with httpx.AsyncClient(base_url=srv.base_url, headers=headers) as http:
             created = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"},
                                                                  "transport": {"type": "webrtc", "sdp": "v=0"}})
-            fork = await http.post("/v1/live/sessions/sess_x/fork", json={})
+            fork = await http.post("/v1/live/sessions/sess_x/fork", json={"transport": {"type": "webrtc", "sdp": "v=0"}})
+            accept = await http.post("/v1/live/sessions/sess_x/accept", json={})
     assert (refusal["type"], refusal["error"]["code"]) == ("error", "session_not_found")
+    assert (fork_refusal["type"], fork_refusal["error"]["code"]) == ("error", "session_not_found")
     assert (created.status_code, created.json()["error"]["code"]) == (501, "unsupported")
-    assert (fork.status_code, fork.json()["error"]["code"]) == (501, "unsupported")
+    assert (fork.status_code, fork.json()["error"]["code"]) == (404, "session_not_found")
+    assert (accept.status_code, accept.json()["error"]["code"]) == (501, "unsupported")
 
 
 async def test_a_server_without_realtime_refuses_the_live_handshake_naming_the_flag():
