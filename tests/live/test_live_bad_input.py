@@ -119,7 +119,7 @@ async def test_live_events_on_the_realtime_endpoint_get_coded_errors():
             await client.until("session.updated")
 
 
-async def test_an_unknown_sideband_and_fork_webrtc_and_sip_get_coded_errors():
+async def test_an_unknown_sideband_fork_a_bad_webrtc_offer_and_sip_get_coded_errors():
     async with server() as srv:
         async with live_socket(srv, "/v1/live/sessions/sess_x/attach") as ws:
             refusal = await RawClient(ws).recv()
@@ -129,11 +129,14 @@ async def test_an_unknown_sideband_and_fork_webrtc_and_sip_get_coded_errors():
         async with httpx.AsyncClient(base_url=srv.base_url, headers=headers) as http:
             created = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"},
                                                                  "transport": {"type": "webrtc", "sdp": "v=0"}})
+            sip = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"}, "transport": {"type": "sip"}})
             fork = await http.post("/v1/live/sessions/sess_x/fork", json={"transport": {"type": "webrtc", "sdp": "v=0"}})
             accept = await http.post("/v1/live/sessions/sess_x/accept", json={})
     assert (refusal["type"], refusal["error"]["code"]) == ("error", "session_not_found")
     assert (fork_refusal["type"], fork_refusal["error"]["code"]) == ("error", "session_not_found")
-    assert (created.status_code, created.json()["error"]["code"]) == (501, "unsupported")
+    assert (created.status_code, created.json()["error"]["code"], created.json()["error"]["param"]) == (
+        400, "missing_audio", "transport.sdp")
+    assert (sip.status_code, sip.json()["error"]["code"], sip.json()["error"]["param"]) == (400, "invalid_value", "transport.type")
     assert (fork.status_code, fork.json()["error"]["code"]) == (404, "session_not_found")
     assert (accept.status_code, accept.json()["error"]["code"]) == (501, "unsupported")
 
