@@ -7,7 +7,8 @@ GA client events fed to the one `RealtimeProtocol`, and each GA server event it 
 zero or one Live server event on the way out (`LiveDialect.outgoing`, applied by the transport as
 for every dialect). No rule of the session lives here; only the vocabulary.
 
-The definition is the `openai` SDK's `openai/types/live` (docs/live.md lists every event):
+The definition is the `openai` SDK's `openai/types/live` (the strict client events: live_events.py;
+docs/live.md lists every event):
 
 - `session.start` (first, once) -> GA `session.update` (server VAD with barge-in, spoken replies,
   input transcripts on, the `delegate` tool) plus one `conversation.item.create` per `input`
@@ -15,6 +16,11 @@ The definition is the `openai` SDK's `openai/types/live` (docs/live.md lists eve
   refused with `session_not_started`. The session object is strict: unknown fields are refused
   with `unknown_parameter`, features the graph cannot serve (`responses`/`decisions` delegation,
   `triggers`, `store`, `client`) with `unsupported`.
+- WebRTC (`start_media`, webrtc/live_calls.py): the startup config comes with the offer, without
+  an audio format (the track's), and the session starts at creation; a `session.start` on its data
+  channel is `session_already_started`.
+- A fork (`seed_fork`, then `start_fork`; live_fork.py): the source's session object under the
+  fork's id (`sglang.forked_from`), its `session.start` carrying overrides only (`audio.format`).
 - `session.update` changes only `delegation` (its type stays `client`) and `triggers`; it needs no
   GA event and is answered here with `session.updated`.
 - `session.input_audio.append` -> `input_audio_buffer.append`; while muted
@@ -50,6 +56,32 @@ from typing import Any
 
 import msgspec
 
+from session_server.realtime.live_events import (
+    REALTIME_CLIENT_EVENTS,
+    SERVED_CLIENT_EVENTS,
+    UNSERVED_CLIENT_EVENTS,
+    AudioFormat,
+    CommentaryAppend,
+    Delegation,
+    ForkSessionConfig,
+    ForkStart,
+    InitialItem,
+    InputAudioAppend,
+    InputAudioMute,
+    InputAudioUnmute,
+    InstructionsAppend,
+    LiveClientEvent,
+    LiveError,
+    MediaSessionConfig,
+    SessionClose,
+    SessionConfig,
+    SessionStart,
+    SessionUpdate,
+    ThinkingAppend,
+    VoiceRef,
+    validation_error,
+)
+
 LIVE_MODELS = ("gpt-live-1", "gpt-live-1.1")  # answered by the served model (`sglang.served_model`)
 MAX_INPUT_MESSAGES = 128
 
@@ -62,203 +94,10 @@ DELEGATE_TOOL = {
                    "required": ["task"]},
 }
 
-SERVED_CLIENT_EVENTS = frozenset({
-    "session.start", "session.update", "session.close", "session.input_audio.append", "session.input_audio.mute",
-    "session.input_audio.unmute", "session.instructions.append", "session.thinking.append", "session.commentary.append",
-})
-# Live client events the graph cannot serve: refused with `unsupported`.
-UNSERVED_CLIENT_EVENTS = frozenset({
-    "session.output_audio.fixture.play", "decision.create", "decision.item.create", "decision.item.delete",
-    "response.item.create", "response.create", "transport.dtmf.send",
-})
-# Events of the Realtime (GA/beta) dialect: refused with `realtime_event_on_live`.
-REALTIME_CLIENT_EVENTS = frozenset({
-    "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear", "output_audio_buffer.clear",
-    "conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve",
-    "response.cancel", "transcription_session.update",
-})
-
 # Why a GA session ended -> Live's `session.closed.reason`.
 _CLOSE_REASONS = {"max_duration": "expired", "max_duration_reached": "expired", "session_expired": "expired",
                   "idle_timeout": "expired", "hangup": "close_requested", "peer_closed": "remote_hangup"}
 _SILENCE_BYTE = {"audio/pcm": 0x00, "audio/pcmu": 0xFF, "audio/pcma": 0xD5}
-
-
-class LiveError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
-
-
-# ------------------------------------------------------------------ the client events, strict
-
-class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    pass
-
-
-class VoiceRef(_Strict, kw_only=True):
-    id: str
-
-
-class AudioFormat(_Strict, kw_only=True):
-    type: str
-    rate: int | None = None
-
-
-class AudioOutput(_Strict, kw_only=True):
-    voice: str | VoiceRef | None = None
-
-
-class Audio(_Strict, kw_only=True):
-    format: AudioFormat | None = None
-    output: AudioOutput | None = None
-
-
-class Delegation(_Strict, kw_only=True):
-    type: str
-    acknowledgement_delay_ms: int | None = None
-    responses: dict[str, Any] | None = None
-    decisions: dict[str, Any] | None = None
-
-
-class InitialContent(_Strict, kw_only=True):
-    text: str
-    type: str | None = None
-
-
-class InitialItem(_Strict, kw_only=True):
-    role: str
-    content: list[InitialContent]
-    id: str | None = None
-    status: str | None = None
-    type: str | None = None
-
-
-class SessionConfig(_Strict, kw_only=True):
-    model: str
-    audio: Audio | None = None
-    client: dict[str, Any] | None = None
-    delegation: Delegation | None = None
-    input: list[InitialItem] | None = None
-    instructions: str | None = None
-    safety_identifier: str | None = None
-    store: bool | None = None
-    triggers: list[dict[str, Any]] | None = None
-
-
-class MediaAudio(_Strict, kw_only=True):
-    output: AudioOutput | None = None  # no `format`: WebRTC negotiates it on the media transport
-
-
-class WakePolicy(_Strict, kw_only=True):
-    type: str
-    vad_threshold: float | None = None
-
-
-class MediaSessionConfig(_Strict, kw_only=True):
-    """`POST /v1/live/sessions`'s `session` (WebRTC): the startup config, without an audio format."""
-
-    model: str
-    audio: MediaAudio | None = None
-    client: dict[str, Any] | None = None
-    delegation: Delegation | None = None
-    idle_timeout_s: int | None = None
-    input: list[InitialItem] | None = None
-    instructions: str | None = None
-    safety_identifier: str | None = None
-    store: bool | None = None
-    triggers: list[dict[str, Any]] | None = None
-    wake_policy: WakePolicy | None = None
-
-
-class ForkAudio(_Strict, kw_only=True):
-    format: AudioFormat | None = None
-
-
-class ForkSessionConfig(_Strict, kw_only=True):
-    """A fork's overrides (`session.start` on the fork WebSocket, or the fork POST's `session`):
-    the model, voice, instructions and conversation are the source's."""
-
-    audio: ForkAudio | None = None  # WebSocket forks only
-    client: dict[str, Any] | None = None
-    delegation: dict[str, Any] | None = None
-    store: bool | None = None
-
-
-class SessionUpdateConfig(_Strict, kw_only=True):
-    delegation: Delegation | None = None
-    triggers: list[dict[str, Any]] | None = None
-
-
-class _Event(_Strict, tag_field="type"):
-    event_id: str | None = None
-
-
-class SessionStart(_Event, tag="session.start", kw_only=True):
-    session: SessionConfig
-
-
-class ForkStart(_Event, tag="session.start", kw_only=True):
-    session: ForkSessionConfig
-
-
-class SessionUpdate(_Event, tag="session.update", kw_only=True):
-    session: SessionUpdateConfig
-
-
-class SessionClose(_Event, tag="session.close", kw_only=True):
-    pass
-
-
-class InputAudioAppend(_Event, tag="session.input_audio.append", kw_only=True):
-    audio: str
-
-
-class InputAudioMute(_Event, tag="session.input_audio.mute", kw_only=True):
-    pass
-
-
-class InputAudioUnmute(_Event, tag="session.input_audio.unmute", kw_only=True):
-    pass
-
-
-class _ContextAppend(_Event, kw_only=True):
-    content: str
-    delegation_id: str | None = None
-
-
-class InstructionsAppend(_ContextAppend, tag="session.instructions.append", kw_only=True):
-    pass
-
-
-class ThinkingAppend(_ContextAppend, tag="session.thinking.append", kw_only=True):
-    pass
-
-
-class CommentaryAppend(_ContextAppend, tag="session.commentary.append", kw_only=True):
-    pass
-
-
-LiveClientEvent = (SessionStart | SessionUpdate | SessionClose | InputAudioAppend | InputAudioMute | InputAudioUnmute
-                   | InstructionsAppend | ThinkingAppend | CommentaryAppend)
-
-
-def _validation_error(message: str, prefix: str | None = None) -> LiveError:
-    """msgspec's message names the path (`... - at `$.session.foo``): the Live param it names
-    (under `prefix` when what was converted is a part of the request, e.g. its `session`)."""
-    text, _, where = message.partition(" - at `")
-    path = where.rstrip("`").removeprefix("$").lstrip(".") or None
-    if prefix is not None:
-        path = f"{prefix}.{path}" if path else prefix
-    if text.startswith("Object contains unknown field"):
-        name = text.split("`")[1] if "`" in text else ""
-        param = f"{path}.{name}" if path else name
-        return LiveError("unknown_parameter", f"Unknown parameter {param!r}.", param)
-    if text.startswith("Object missing required field"):
-        name = text.split("`")[1] if "`" in text else ""
-        param = f"{path}.{name}" if path else name
-        return LiveError("missing_required_parameter", f"Missing required parameter {param!r}.", param)
-    return LiveError("invalid_value", f"{text}.", path)
 
 
 # ------------------------------------------------------------------ what one client event becomes
@@ -339,12 +178,12 @@ class LiveDialect:
             try:
                 fork_start = msgspec.convert(raw, ForkStart)  # the event's own shape; its overrides below
             except msgspec.ValidationError as exc:
-                raise _validation_error(str(exc)) from None
+                raise validation_error(str(exc)) from None
             return self.start_fork(raw["session"], fork_start.event_id, media=False)
         try:
             event = msgspec.convert(raw, LiveClientEvent)
         except msgspec.ValidationError as exc:
-            raise _validation_error(str(exc)) from None
+            raise validation_error(str(exc)) from None
         if isinstance(event, SessionStart):
             return self._start(event)
         if not self.started:
@@ -374,7 +213,7 @@ class LiveDialect:
         try:
             parsed = msgspec.convert(config, MediaSessionConfig)
         except msgspec.ValidationError as exc:
-            raise _validation_error(str(exc), "session") from None
+            raise validation_error(str(exc), "session") from None
         return self._begin(parsed, None, media=True)
 
     def start_fork(self, overrides: Any, event_id: str | None, media: bool) -> LiveInput:
@@ -384,7 +223,7 @@ class LiveDialect:
         try:
             config = msgspec.convert(overrides if overrides is not None else {}, ForkSessionConfig)
         except msgspec.ValidationError as exc:
-            raise _validation_error(str(exc), "session") from None
+            raise validation_error(str(exc), "session") from None
         if config.client is not None:
             raise LiveError("unsupported", "`client` (frontend data-channel permissions) is not served.", "session.client")
         if config.delegation is not None:
@@ -393,10 +232,10 @@ class LiveDialect:
         if config.store:
             raise LiveError("unsupported", "Stored sessions (recordings) are not served.", "session.store")
         ga_session: dict[str, Any] = {"type": "realtime"}
+        if media and config.audio is not None:
+            raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
+                            "omit `session.audio`.", "session.audio")
         if config.audio is not None and config.audio.format is not None:
-            if media:
-                raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
-                                "omit `session.audio`.", "session.audio")
             audio_format = self._format(config.audio.format)
             ga_session["audio"] = {"input": {"format": audio_format}, "output": {"format": audio_format}}
             self.input_format = audio_format

@@ -36,7 +36,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from session_server import strict_json
-from session_server.realtime.live_dialect import LiveDialect, LiveError
+from session_server.realtime.live_dialect import LiveDialect
+from session_server.realtime.live_events import LiveError
 from session_server.realtime.live_fork import ForkSource, seed
 from session_server.realtime.live_websocket import feed
 from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
