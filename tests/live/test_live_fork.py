@@ -54,7 +54,7 @@ async def test_a_fork_holds_the_source_conversation_and_goes_on_from_it_while_th
     assert source_turns[-2].text == "[commentary] Tell me more." and said(source_reply) == "word0 word1 word2 "
 
 
-async def test_forking_an_unknown_or_ended_session_is_session_not_found_and_bad_overrides_are_refused():
+async def test_forking_an_unknown_or_hung_up_session_is_session_not_found_and_bad_overrides_are_refused():
     headers = {"Authorization": f"Bearer {API_KEY}"}
     async with running_server(live_profile(), api_key=API_KEY) as srv:
         async with live_client(srv).live.connect() as source:
@@ -65,8 +65,8 @@ async def test_forking_an_unknown_or_ended_session_is_session_not_found_and_bad_
                 refused = (await fork.until("error"))[-1]["error"]
                 await fork.send({"type": "session.start", "event_id": "good", "session": {}})
                 started = (await fork.until("session.started"))[-1]
-            await source.session.close()
-            await until(source, "session.closed")
+            await live_client(srv).live.sessions.hangup(source_id)
+            hung_up = (await until(source, "session.closed"))[-1]
         async with websockets.connect(f"{srv.ws_url}/v1/live/sessions/{source_id}/fork", additional_headers=headers) as ws:
             ended = await RawClient(ws).recv()
         async with httpx.AsyncClient(base_url=srv.base_url, headers=headers) as http:
@@ -75,6 +75,7 @@ async def test_forking_an_unknown_or_ended_session_is_session_not_found_and_bad_
 
     assert (refused["code"], refused["param"], refused["client_event_id"]) == ("unknown_parameter", "session.model", "bad")
     assert started["client_event_id"] == "good" and started["session"]["sglang"]["forked_from"] == source_id
+    assert hung_up.reason == "close_requested"  # `POST .../hangup` ends it as `session.close` would
     assert (ended["type"], ended["error"]["code"]) == ("error", "session_not_found")
     assert unknown.status_code == 404
     assert (unknown.json()["error"]["code"], unknown.json()["error"]["param"]) == ("session_not_found", "session_id")
