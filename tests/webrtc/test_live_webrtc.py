@@ -11,12 +11,14 @@ from typing import Any
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 import numpy as np
+import websockets
 from openai import AsyncOpenAI, BadRequestError
 
 from clients.python.audio import PlaybackTrack
 from clients.python.webrtc import WebRTCSession, loopback_only
 from tests.conftest import running_server
 from tests.live.fakes import live_profile
+from tests.realtime.client import RawClient
 from tests.webrtc.helpers import API_KEY, calls_of, rms, until_true
 
 
@@ -57,7 +59,7 @@ async def live_peer(signal: Callable[[str], Awaitable[Any]]) -> AsyncIterator[tu
         await pc.close()
 
 
-async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_its_track_mutes_and_closes():
+async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_its_track_mutes_from_a_sideband_and_closes():
     async with running_server(live_webrtc_profile(), api_key=API_KEY) as srv:
         client = AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=API_KEY)
         session = {"model": "gpt-live-1", "instructions": "Be brief.", "audio": {"output": {"voice": "ethan"}}}
@@ -70,16 +72,20 @@ async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_i
             turn = await peer.events_until("session.usage.updated")
             # The reply's three 100 ms tones play on the track after their transcript.
             await until_true(lambda: rms(peer.received_audio(peer.event_time("session.output_transcript.delta"))) > 0.01)
-            # Muted, the track's audio reaches the model as silence of the same length.
+            # Muted (here by a sideband on the session), the track's audio reaches the model as silence.
             server_call = calls_of(srv).get(created.session.id.replace("sess_", "rtc_", 1))
-            peer.send({"type": "session.input_audio.mute", "event_id": "mute_1"})
-            await peer.next_event("session.input_audio.muted")
-            muted = server_call.heard(np.ones(160, np.float32))
-            peer.send({"type": "session.input_audio.unmute"})
-            await peer.next_event("session.input_audio.unmuted")
-            unmuted = server_call.heard(np.ones(160, np.float32))
-            peer.send({"type": "session.close", "event_id": "bye"})
-            closed = await peer.next_event("session.closed")
+            attach = f"{srv.ws_url}/v1/live/sessions/{created.session.id}/attach"
+            async with websockets.connect(attach, additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+                sideband = RawClient(ws)
+                await sideband.send({"type": "session.input_audio.mute", "event_id": "mute_1"})
+                muted_ack = await peer.next_event("session.input_audio.muted")
+                muted = server_call.heard(np.ones(160, np.float32))
+                peer.send({"type": "session.input_audio.unmute"})
+                await peer.next_event("session.input_audio.unmuted")
+                unmuted = server_call.heard(np.ones(160, np.float32))
+                peer.send({"type": "session.close", "event_id": "bye"})
+                closed = await peer.next_event("session.closed")
+                seen_by_sideband = [e["type"] for e in await sideband.until("session.closed")]
             await until_true(lambda: len(calls_of(srv)) == 0 and not srv.runtime.sessions)
 
     assert created.session.id == started["session"]["id"] and created.session.id.startswith("sess_")
@@ -92,7 +98,9 @@ async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_i
     # Reply audio is on the track only; GA's bookkeeping never reaches the data channel.
     assert {e["type"] for e in turn} <= {"session.commentary.appended", "session.output_transcript.delta",
                                          "session.usage.updated"}
+    assert muted_ack["client_event_id"] == "mute_1"
     assert (muted.shape, float(np.abs(muted).max()), float(unmuted.min())) == ((160,), 0.0, 1.0)
+    assert seen_by_sideband == ["session.input_audio.muted", "session.input_audio.unmuted", "session.closed"]
     assert (closed["reason"], closed["client_event_id"]) == ("close_requested", "bye")
 
 
