@@ -15,7 +15,8 @@ docs/live.md lists every event):
   message; its `session.updated` comes back as `session.started`. Before it, any other event is
   refused with `session_not_started`. The session object is strict: unknown fields are refused
   with `unknown_parameter`, features the graph cannot serve (`responses`/`decisions` delegation,
-  `triggers`, `store`, `client`) with `unsupported`.
+  `triggers`, `client`) with `unsupported`; `store: true` keeps the session forkable after it
+  ends (live_fork.py).
 - WebRTC (`start_media`, webrtc/live_calls.py): the startup config comes with the offer, without
   an audio format (the track's), and the session starts at creation; a `session.start` on its data
   channel is `session_already_started`.
@@ -229,8 +230,8 @@ class LiveDialect:
         if config.delegation is not None:
             raise LiveError("unsupported", "A fork's `delegation` overrides a Responses backend; this server serves client "
                             "delegation only, which a fork inherits.", "session.delegation")
-        if config.store:
-            raise LiveError("unsupported", "Stored sessions (recordings) are not served.", "session.store")
+        if config.store is not None:
+            self.session["store"] = config.store  # else the source's
         ga_session: dict[str, Any] = {"type": "realtime"}
         if media and config.audio is not None:
             raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
@@ -277,9 +278,6 @@ class LiveDialect:
                             "served.", "session.client")
         if config.triggers:
             raise LiveError("unsupported", "Decisions triggers are not served.", "session.triggers")
-        if config.store:
-            raise LiveError("unsupported", "Stored sessions (recordings) are not served; a live session can be forked "
-                            "without it.", "session.store")
         if isinstance(config, MediaSessionConfig):
             if config.idle_timeout_s is not None:
                 raise LiveError("unsupported", "Pausing inference when idle (`idle_timeout_s`) is not served: inference "
@@ -319,7 +317,7 @@ class LiveDialect:
             "input": [msgspec.to_builtins(item) for item in config.input or []],
             "instructions": config.instructions,
             "safety_identifier": config.safety_identifier,
-            "store": False,
+            "store": bool(config.store),  # kept for forks after the session ends (live_fork.py)
             "triggers": [],
             "sglang": {"served_model": self.served_model},
         })

@@ -12,8 +12,8 @@ Routes (docs/live.md):
   answered `{session: {id}, transport: {type: "webrtc", sdp}}` (session_server/webrtc/live_calls.py;
   without aiortc and PyAV: 501 `webrtc_unavailable`, as `POST /v1/realtime/calls`);
 - `GET /v1/live/sessions/{id}/fork` (WebSocket) and `POST .../fork` (WebRTC): a new session
-  seeded with the conversation of open session `id` (live_fork.py); unknown: `session_not_found`
-  (an `error` and close 1008 on the WebSocket, 404 over HTTP);
+  seeded with the conversation of session `id`, open or stored (live_fork.py); unknown:
+  `session_not_found` (an `error` and close 1008 on the WebSocket, 404 over HTTP);
 - `GET /v1/live/sessions/{id}/attach`: a sideband on a session of this server (live_sideband.py);
 - `POST /v1/live/sessions/{id}/hangup`: ends the session (`close_requested`).
 Not served, each with a coded error rather than a bare 404: SIP (`accept`, `reject`, `refer`)
@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from graph.errors import SessionRejected
 from session_server.errors import openai_error_response
 from session_server.realtime.live_dialect import LiveDialect, LiveInput
-from session_server.realtime.live_fork import NOT_FOUND, ForkSource, fork_source, seed, unknown_source
+from session_server.realtime.live_fork import NOT_FOUND, ForkSource, StoredSessions, fork_source, seed, unknown_source
 from session_server.realtime.live_sideband import Sideband, refusal, serve_attach
 from session_server.realtime.protocol import CLOSE_POLICY, Action, RealtimeProtocol, SendEvent, realtime_unavailable
 from session_server.realtime.voice_lookups import look_up_voices
@@ -87,8 +87,10 @@ class LiveLink(_Link):
         feed(self.protocol, translated, self.apply)
 
 
-async def serve_live(websocket: WebSocket, state: ServerState, links: dict[str, Any], fork: ForkSource | None = None) -> None:
-    """A Live session on `websocket`; `fork`: a fork of that source (it then waits for the fork's `session.start`)."""
+async def serve_live(websocket: WebSocket, state: ServerState, links: dict[str, Any], stored: StoredSessions | None,
+                     fork: ForkSource | None = None) -> None:
+    """A Live session on `websocket`; `fork`: a fork of that source (it then waits for the fork's
+    `session.start`); `stored`: where it is kept if its client asks for `store` (live_fork.py)."""
     settings = RealtimeSettings.from_profile(state.settings.profile)
     offered = subprotocols(websocket.scope.get("headers", []))
     session_id = f"sess_{secrets.token_hex(12)}"
@@ -97,6 +99,8 @@ async def serve_live(websocket: WebSocket, state: ServerState, links: dict[str, 
     base.protocol.dialect = LiveDialect(session_id, state.settings.model_id, aliases=state.settings.model_names)  # type: ignore[assignment]
     link = LiveLink(websocket, base.protocol, settings, state.metrics)
     replay = seed(link.protocol, fork, media=False) if fork is not None else []
+    if stored is not None:
+        stored.keep(link.protocol)
     writer = asyncio.create_task(link.writer(), name=f"{session_id}:writer")
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -130,14 +134,19 @@ def install_live(app: FastAPI, state: ServerState) -> None:
     # This server's open Live sessions by id (WebSocket links and WebRTC calls): for their
     # sidebands, forks and hangups.
     links: dict[str, Any] = {}
+    resumer = state.resumer  # its session store keeps the stored sessions (`store: true`) too
+    stored = StoredSessions(resumer) if resumer is not None else None
 
-    def source_of(session_id: str) -> ForkSource | None:
+    async def source_of(session_id: str) -> ForkSource | None:
+        """An open session as it is now, else a stored one as it was last written."""
         session = links.get(session_id)
-        return fork_source(session.protocol) if session is not None else None
+        if session is not None:
+            return fork_source(session.protocol)
+        return await stored.load(session_id) if stored is not None else None
 
     @app.websocket("/v1/live/sessions")
     async def live(websocket: WebSocket) -> None:
-        await serve_live(websocket, state, links)
+        await serve_live(websocket, state, links, stored)
 
     @app.websocket("/v1/live/sessions/{session_id}/attach")
     async def attach(websocket: WebSocket, session_id: str) -> None:
@@ -145,13 +154,13 @@ def install_live(app: FastAPI, state: ServerState) -> None:
 
     @app.websocket("/v1/live/sessions/{session_id}/fork")
     async def fork_socket(websocket: WebSocket, session_id: str) -> None:
-        source = source_of(session_id)
+        source = await source_of(session_id)
         if source is None:
             await websocket.accept()
             await websocket.send_text(refusal(NOT_FOUND, unknown_source(session_id)))
             await websocket.close(code=1008, reason=NOT_FOUND)
             return
-        await serve_live(websocket, state, links, fork=source)
+        await serve_live(websocket, state, links, stored, fork=source)
 
     def webrtc() -> Any:
         return getattr(app.state, "live_webrtc", None)  # session_server/webrtc/live_calls.py
@@ -159,15 +168,15 @@ def install_live(app: FastAPI, state: ServerState) -> None:
     async def create(request: Request) -> Response:
         if webrtc() is None:
             return not_served("WebRTC")
-        return await webrtc().create(request, links)
+        return await webrtc().create(request, links, stored)
 
     async def fork(request: Request, session_id: str) -> Response:
-        source = source_of(session_id)
+        source = await source_of(session_id)
         if source is None:
             return openai_error_response(404, unknown_source(session_id), code=NOT_FOUND, param="session_id")
         if webrtc() is None:
             return not_served("WebRTC")
-        return await webrtc().fork(request, source, links)
+        return await webrtc().fork(request, source, links, stored)
 
     async def hangup(request: Request, session_id: str) -> Response:
         session = links.get(session_id)

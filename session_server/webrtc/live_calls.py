@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from session_server import strict_json
 from session_server.realtime.live_dialect import LiveDialect
 from session_server.realtime.live_events import LiveError
-from session_server.realtime.live_fork import ForkSource, seed
+from session_server.realtime.live_fork import ForkSource, StoredSessions, seed
 from session_server.realtime.live_websocket import feed
 from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
 from session_server.realtime.served import served_model
@@ -102,13 +102,14 @@ class LiveWebRTC:
         self.calls = calls
         self.missing = missing_modules()
 
-    async def create(self, request: Request, links: dict[str, Any]) -> Response:
-        return await self._answer(request, links, None)
+    async def create(self, request: Request, links: dict[str, Any], stored: StoredSessions | None) -> Response:
+        return await self._answer(request, links, stored, None)
 
-    async def fork(self, request: Request, source: ForkSource, links: dict[str, Any]) -> Response:
-        return await self._answer(request, links, source)
+    async def fork(self, request: Request, source: ForkSource, links: dict[str, Any], stored: StoredSessions | None) -> Response:
+        return await self._answer(request, links, stored, source)
 
-    async def _answer(self, request: Request, links: dict[str, Any], source: ForkSource | None) -> Response:
+    async def _answer(self, request: Request, links: dict[str, Any], stored: StoredSessions | None,
+                      source: ForkSource | None) -> Response:
         if self.missing:
             return unavailable_response(self.missing)
         state = self.state
@@ -123,6 +124,8 @@ class LiveWebRTC:
             dialect = LiveDialect(session_id, state.settings.model_id, aliases=state.settings.model_names)
             protocol.dialect = dialect  # type: ignore[assignment]
             replay = seed(protocol, source, media=True) if source is not None else []
+            if stored is not None:
+                stored.keep(protocol)
             try:
                 if source is None:
                     if body.get("session") is None:

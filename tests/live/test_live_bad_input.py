@@ -42,7 +42,7 @@ async def refused(client: RawClient, event: dict) -> dict:
     ({"model": "gpt-4o"}, "model_not_found", "session.model"),
     ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {"model": "gpt-5"}}}, "unsupported", "session.delegation.type"),
     ({"model": "gpt-live-1", "triggers": [{"type": "input_transcript"}]}, "unsupported", "session.triggers"),
-    ({"model": "gpt-live-1", "store": True}, "unsupported", "session.store"),
+    ({"model": "gpt-live-1", "client": {"data_channel": {"allowed_client_events": "all"}}}, "unsupported", "session.client"),
     ({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": 44100}}}, "invalid_value", "session.audio.format.rate"),
 ])
 async def test_a_session_start_the_server_cannot_honour_is_refused_and_a_good_one_still_starts(session, code, param):

@@ -54,6 +54,30 @@ async def test_a_fork_holds_the_source_conversation_and_goes_on_from_it_while_th
     assert source_turns[-2].text == "[commentary] Tell me more." and said(source_reply) == "word0 word1 word2 "
 
 
+async def test_a_stored_session_can_be_forked_after_it_ended_on_another_replica_and_the_fork_is_stored_too():
+    profile = live_profile()
+    async with running_server(profile, api_key=API_KEY) as first, running_server(profile, api_key=API_KEY) as srv:
+        srv.state.resumer.store = first.state.resumer.store  # one shared store, as Redis is
+        async with live_client(first).live.connect() as source:
+            started = await start(source, store=True)
+            await source.session.commentary.append(content="Greet the user.", delegation_id=None)
+            await until(source, "session.usage.updated")
+            await source.session.close()
+            await until(source, "session.closed")
+        async with live_client(srv).live.forks.connect(session_id=started.session.id) as fork:
+            await fork.session.start(session={})
+            forked = (await until(fork, "session.started"))[-1]
+            await fork.session.commentary.append(content="Say goodbye.", delegation_id=None)
+            fork_reply = await until(fork, "session.usage.updated")
+        fork_turns = list(turns_by_session(srv)[forked.session.id])
+
+    assert started.session.store is True and forked.session.store is True  # inherited
+    assert [(t.role, t.text) for t in fork_turns[:3]] == [("system", "[commentary] Greet the user."),
+                                                         ("assistant", "word0 word1 word2 "),
+                                                         ("system", "[commentary] Say goodbye.")]
+    assert said(fork_reply) == "word0 word1 word2 "
+
+
 async def test_forking_an_unknown_or_hung_up_session_is_session_not_found_and_bad_overrides_are_refused():
     headers = {"Authorization": f"Bearer {API_KEY}"}
     async with running_server(live_profile(), api_key=API_KEY) as srv:
