@@ -16,8 +16,8 @@ Streaming cost: `streaming_cost` opens N sessions that stream silence at wall-cl
 appends, server VAD on, as a listening user's microphone) and measures the CPU time the server
 (engines included) and the load generator spend per append: what every live session costs
 before anyone speaks. At 64 sessions on the 2-vCPU development VM that was about half of all
-the CPU of a 64-session level (docs/batching.md, twelfth session). It moves less with how busy
-the machine is than time to first audio, so alternated runs show small changes to the audio path.
+the CPU of a 64-session level (docs/notebook/2026-12-02-streaming-load.md). It moves less
+with how busy the machine is than time to first audio, so alternated runs show small changes to the audio path.
 """
 
 from __future__ import annotations

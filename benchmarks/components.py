@@ -16,6 +16,11 @@ server adds (and, with batching, what concurrency buys back):
   `first_audio_ms` is the direct first-audio compute: from the end of the user's turn to the
   first decoded audio chunk. Thinker, talker and code2wav figures are split out of the same run.
 - `speech`: text-to-speech as /v1/audio/speech runs it (the text is the reply: talker + code2wav).
+- what a step costs the host (benchmarks/step_costs.py, the figures that bound a GPU engine):
+  `thinker.ops_per_step_16` and `thinker.host_syncs_per_step`, the aten operators and host
+  syncs of one decode step of 16 sessions; `talker.ops_per_frame` and `talker.ms_per_frame`,
+  one talker frame (its code predictor's included) of one reply, `step_replies` alone. The
+  talker's frames inside the spoken turn are `talker.reply_ms_per_frame` / `reply_frames_per_s`.
 
 `nodes` (and torch) are imported only inside this module's functions: `benchmarks` sits beside
 the server's layers, and the other scenarios never load a model in the harness process.
@@ -65,6 +70,13 @@ def run(config: str | None, quick: bool = False, seed: int = 0, deadline: float 
     else:
         best = min(good, key=lambda r: r["reply"]["first_audio_ms"])
         results.update(best)
+    costs = _guarded(step_cost_figures, omni, quick)
+    for name in ("thinker", "talker"):
+        section = results[name] = dict(results.get(name) or {})
+        if "skipped" in costs:
+            section["step_costs_skipped"] = costs["skipped"]
+        else:
+            section.update(costs[name])
     if deadline is None or time.monotonic() < deadline:
         speech_runs = [_guarded(speech_figures, omni, texts) for _ in range(repeats)]
         results["speech"] = max(speech_runs, key=lambda r: r.get("audio_s_per_s", -1.0))
@@ -271,14 +283,30 @@ def reply_figures(omni: Any, utterance: Any, max_output_tokens: int) -> dict[str
         },
         "talker": {
             "frames": frames,
-            "ms_per_frame": round(t["talker"] / max(frames, 1) * 1000, 2),
-            "frames_per_s": round(frames / t["talker"], 1) if t["talker"] else None,
+            "reply_ms_per_frame": round(t["talker"] / max(frames, 1) * 1000, 2),
+            "reply_frames_per_s": round(frames / t["talker"], 1) if t["talker"] else None,
         },
         "code2wav": {
             "audio_s": round(audio_s, 2),
             "compute_s": round(t["code2wav"], 3),
             "x_realtime": round(audio_s / t["code2wav"], 1) if t["code2wav"] else None,
         },
+    }
+
+
+def step_cost_figures(omni: Any, quick: bool = False) -> dict[str, Any]:
+    """The step costs under their interface names (see the module docstring): the median decode
+    step of 16 sessions, the best of three runs of talker frames (fewer steps and frames when
+    `quick`: the counts are the same, the time per frame noisier)."""
+    from benchmarks.step_costs import TALKER_FRAMES, talker_frame_costs, thinker_step_costs
+
+    thinker = thinker_step_costs(omni, sessions=16, steps=2 if quick else 4)
+    talker = talker_frame_costs(omni, frames=8 if quick else TALKER_FRAMES)
+    return {
+        "thinker": {"ops_per_step_16": thinker["ops_per_step"],
+                    "host_syncs_per_step": thinker["host_syncs_per_step"]},
+        "talker": {"ms_per_frame": talker["ms_per_frame"], "ops_per_frame": talker["ops_per_frame"],
+                   "host_syncs_per_frame": talker["host_syncs_per_frame"]},
     }
 
 

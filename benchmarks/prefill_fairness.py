@@ -15,7 +15,8 @@ share one engine's compute), then over two WebSockets:
 Printed: the probe's time to first audio (from `response.create` to the first
 `response.output_audio.delta`) alone and while the long item is prefilled, and the long reply's
 own time to first audio with its input tokens. The machine is shared: the load average is
-printed beside the numbers. Nothing is asserted; docs/batching.md keeps the results.
+printed beside the numbers. Nothing is asserted; the results are in
+docs/notebook/2026-12-01-prefill-fairness.md.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ each (9: the assistant block alone, its 61-position user turn already in the tal
 longest first, as many as fit in one forward) against one `prefill_replies([reply])` each
 (`alone`); ms for all N prefills and per prefill (median of `--repeats`). `--prefills 0`: none.
 
-`--pause-ms 0,30,100` (issue 12, ninth session): one batched step of `--sessions` replies timed
+`--pause-ms 0,30,100` (docs/notebook/2026-12-02-unit-trace.md): one batched step of `--sessions` replies timed
 after the thread paused that long, asleep and spinning (median of 30 steps each): on a shared
 VM the caches lose a step's working set within tens of milliseconds even while the thread spins,
-which is why a step costs more inside an engine than back to back here (docs/batching.md). Use
+which is why a step costs more inside an engine than back to back here (docs/notebook/2026-12-02-unit-trace.md). Use
 `--threads 1`: with 2, a step after the whole process slept also wakes torch's OpenMP pool
 (6.9-9.5 ms a step here), which an engine, busy with other work every few ms, does not pay.
 """

@@ -11,9 +11,9 @@ batcher never runs two batches at once.
 Why one worker by default: torch and onnxruntime release the GIL inside each operator and take it
 back after, and a model forward is hundreds of operators with Python in between. Two threads that
 both run model code hand the GIL back and forth at every operator (each return waits for the
-other thread's switch interval), so on CPU each forward of a small model ran 3-10x slower with
-one thread per stage than the same work done by one thread in turn (docs/batching.md has the
-numbers). One thread that runs every stage's batches in priority order keeps each forward at its
+other thread's switch interval), so on CPU each forward of a small model ran several times
+slower with one thread per stage than the same work done by one thread in turn (docs/batching.md,
+"Where compute runs"). One thread that runs every stage's batches in priority order keeps each forward at its
 direct speed and lets batches grow while other stages run. `compute: {threads: N}` in a profile
 sets more workers (stages then run concurrently) where that measures faster.
 
@@ -39,9 +39,8 @@ then (the clock is read again whenever the worker looks, so a reply that is inte
 its held work at once: the step runs and sees the interrupt). The runtime gives one to live
 sessions' reply-side nodes (`PlaybackClock.release`: the due time minus the profile's
 `compute: {lookahead_ms}`, once the reply plays), so a reply is made at most that far ahead of
-its listener instead of all at once: the worker is then free more often
-when a new turn's first-audio work arrives (16 sessions with spread arrivals on the tiny model:
-TTFA p95 63-76 -> 37-39 ms, docs/batching.md). A batcher runs once its most urgent released item
+its listener instead of all at once: the worker, which never preempts a unit, is then free more
+often when a new turn's first-audio work arrives (docs/batching.md, rule 8). A batcher runs once its most urgent released item
 is; its batch takes the queued items as always (rows ride along in the same forward), but for
 one case: a batch led by the first-audio work of a turn that has just ended leaves out the items
 not due yet (`_first_audio_alone`), so the forward the turn waits on carries no rows that are
@@ -377,8 +376,8 @@ def _released_head(queue: list[_Entry], now: float) -> tuple[tuple[int, float, i
 def _first_audio_alone(head: _Entry, now: float) -> bool:
     """Whether a batch led by `head` leaves out the items that are not due yet (replies ahead of
     their listeners): when `head` is the first-audio work of a turn that has just ended. Riding
-    along, they made the forward that the new turn waits on 1-3 ms longer, for work not needed
-    for hundreds of ms (64 sessions, spread arrivals: TTFA p95 23-24 -> 18-19 ms). The work of a
+    along, they make the forward that the new turn waits on longer, for work not needed for
+    hundreds of ms (docs/batching.md, rule 9). The work of a
     turn that has waited longer (turns ending together) takes riders again, so the replies that
     play meanwhile are not held back until the whole burst has its first audio. Live sessions
     only: speech requests are downloads, where batching everything ready is what pays."""

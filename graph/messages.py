@@ -17,7 +17,7 @@ not yet part of a turn) and its media time in milliseconds on the session's inpu
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
@@ -285,11 +285,16 @@ class Usage(msgspec.Struct, kw_only=True):
         return self.input_tokens + self.output_tokens
 
 
+# How a reply ended, as `response.done` reports it: whole, cut by an interrupt or cancel, failed
+# (`reason` says why), or stopped by a bound (`reason`: `max_output_tokens`, `context_exhausted`).
+ReplyStatus = Literal["completed", "cancelled", "failed", "incomplete"]
+
+
 class TurnDone(Message, kw_only=True):
-    """End of a reply. status: completed | cancelled | failed | incomplete."""
+    """End of a reply (`status`: `ReplyStatus`)."""
 
     response_id: str = ""
-    status: str = "completed"
+    status: ReplyStatus = "completed"
     reason: str | None = None
     usage: Usage = msgspec.field(default_factory=Usage)
     transcript: str = ""

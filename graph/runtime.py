@@ -95,8 +95,8 @@ class GraphRuntime:
     async def _keep_warm(self, units: list[Any], interval_s: float) -> None:
         """While a live session is open and nothing else waits, run the nodes' `keep_warm` units
         every `interval_s`. After a few seconds of other work (or none), a CPU has evicted what a
-        turn's first stages touch: on the 2-vCPU development VM a 1 ms feature extraction took
-        10-45 ms after 2 s idle, and one session's first audio went from ~22 ms to ~55 ms. Under
+        turn's first stages touch, and the turn's first units then run several times their warm
+        time (docs/batching.md, rule 13). Under
         load the stages run all the time and this does not run: only while the compute was busy
         less than `KEEP_WARM_MAX_BUSY` of the last interval (one session's VAD is ~2%). Nor for
         sessions whose turns are prefilled in their pause (`GraphSession.warms_ahead`: server

@@ -10,8 +10,8 @@ or the running task's slice ends. That costs what the server forwards: woken on 
 holds, it waits for the slice's end (up to a 4 ms tick) instead of running at once, which an
 idle machine need not pay. So by default the server follows the machine's load (`adaptive`):
 normal while most of the cores are idle, SCHED_BATCH once they are busy
-(`sgl-omni serve --server-sched`; docs/batching.md, thirteenth and fourteenth sessions, has the
-measurements). The engines always run as normal.
+(`sgl-omni serve --server-sched`; docs/batching.md, rule 15, and the sessions it names). The
+engines always run as normal.
 
 A policy applies to the calling thread (`apply`; `apply_to_process` switches every thread);
 threads and processes started later inherit it, so an engine process puts itself back to normal

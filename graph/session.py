@@ -66,8 +66,7 @@ class PlaybackClock:
     at first audio + seconds sent. Its next chunk is due `margin_s` before the reply was asked
     for + seconds sent: counted from the request, not from the first audio, so a reply whose first
     audio came late (a burst of turns) keeps the place in line it had while its listener waited,
-    instead of starving behind turns asked for after it (measured: 30-39 underruns at 64 turns
-    ending together counted from the first audio, 0-2 counted from the request). Before its first
+    instead of starving behind turns asked for after it (docs/batching.md, rule 2). Before its first
     audio the listener is already waiting, as if it ran dry when the reply was asked for: the
     reply's work is due `margin_s` before that, and the stage nearer the listener goes first.
     So the oldest waiting turn gets its first audio first, and a turn that just arrived goes

@@ -38,7 +38,7 @@ class SessionProtocol(Protocol):
 
 
 class SessionHost(Protocol):
-    """A transport's side of one session (realtime/websocket.py `_Link`, webrtc/call.py `Call`,
+    """A transport's side of one session (realtime/websocket_link.py `WebSocketLink`, webrtc/call.py `Call`,
     speech/service.py `SpeechJob`)."""
 
     protocol: Any  # a SessionProtocol

@@ -35,7 +35,7 @@ def _speech(profile: dict[str, Any]) -> None:
 
 
 def _realtime(profile: dict[str, Any]) -> None:
-    from session_server.realtime.websocket import RealtimeSettings
+    from session_server.realtime.websocket_link import RealtimeSettings
 
     RealtimeSettings.from_profile(profile)
 

@@ -4,21 +4,24 @@ Two pieces, shared by all sessions of one model:
 
 - `ThinkerRunner` owns the model's `SlotKVCache` (slot_cache.py: one KV row per session) and
   runs forwards: `forward_rows` for a prefill chunk of one row (the HF text model),
-  `forward_chunks` for chunks of several rows padded into one forward, `feed` for
+  `forward_chunks` for chunks of several rows padded into one forward, `answer` for
   one new token on each of many rows (one forward, whatever the rows' lengths; through
   `LeanDecode`, lean_decode.py, the text model's layers without transformers' per-call
-  wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model).
+  wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model)
+  and the next token of every row that asks for one, chosen on the device for all of them
+  at once (thinker_sampling.py): one read of the chosen ids per step, no other host sync.
   Every forward holds the cache's lock, so direct calls from compute threads (tests, warm-up,
   truncate) and the executor's worker never overlap.
 - `ThinkerExecutor` is the shared executor the thinker node submits to (a `graph.executor.Batcher`
   named "thinker"). A session's model call (`ThinkerSession.decode_work()`,
   `.prefill_work(...)`, `.truncate_work(...)`) is a generator that yields forward requests
-  (`Feed`: one token; `Chunk`: a slice of a prefill) and returns the call's result. The batch
-  function advances every submitted call to its next request, runs ALL pending `Feed`s as one
-  forward, repeats while feeds keep coming (a reply that ends in this step feeds its last
-  token), then ONE prefill forward: the first waiting `Chunk` (a new turn's prefill,
-  `prefill_chunk_tokens` at most) together with the other sessions' waiting text/audio chunks,
-  padded into one batch of at most `PREFILL_BATCH_TOKENS` (`forward_chunks`: turns that arrive
+  (`Feed`: one token, and the choice of the next; `Choose`: a next token from a prefill's
+  logits; `Chunk`: a slice of a prefill) and returns the call's result. The batch function
+  advances every submitted call to its next request, runs ALL pending `Feed`s as one forward
+  (the `Choose`s join its sampler pass), repeats while feeds keep coming (a reply that ends in
+  this step feeds its last token), then ONE prefill forward: the first waiting `Chunk` (a new
+  turn's prefill, `prefill_chunk_tokens` at most) together with the other sessions' waiting
+  text/audio chunks, padded into one batch of at most `PREFILL_BATCH_TOKENS` (`forward_chunks`: turns that arrive
   together are prefilled together), and hands every other unfinished call back with `AGAIN` (its
   caller resubmits it; the generator keeps its place). So a prefill never holds in-flight decodes
   for more than one such forward, and a long prompt is interleaved with decode steps chunk by
@@ -49,12 +52,13 @@ import torch
 from graph.executor import continuation_due, submission_due
 from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache, padded_group
-from nodes.qwen3_omni.thinker_requests import Chunk, Feed, ThinkerError, Work
+from nodes.qwen3_omni.thinker_requests import Choose, Chunk, Fed, Feed, ThinkerError, Work
+from nodes.qwen3_omni.thinker_sampling import ThinkerSampler, device_longs
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
 
-__all__ = ["AGAIN", "Chunk", "Feed", "ThinkerError", "ThinkerExecutor", "ThinkerRunner", "Work", "run_calls"]
+__all__ = ["AGAIN", "Choose", "Chunk", "Fed", "Feed", "ThinkerError", "ThinkerExecutor", "ThinkerRunner", "Work", "run_calls"]
 
 # Returned by the batch function for a call that is not finished yet: submit it again.
 AGAIN: Any = type("Again", (), {"__repr__": lambda self: "AGAIN"})()
@@ -81,8 +85,19 @@ class ThinkerRunner:
         # applies; False: always through the HF text model (tests compare the two).
         self.lean = True
         self.lean_decode = LeanDecode(self.thinker)
+        self._tokens = getattr(omni, "tokens", None)  # the model's special ids (what the sampler bans)
+        self._sampler: ThinkerSampler | None = None
         self.forwards = 0  # model calls (for tests and metrics)
         self.rows_forwarded = 0
+
+    @property
+    def sampler(self) -> ThinkerSampler:
+        """Chooses the rows' next tokens (built at the first choice: forwards alone need no token ids)."""
+        if self._sampler is None:
+            tokens = self._tokens
+            self._sampler = ThinkerSampler(self.thinker.config.text_config.vocab_size, tokens.suppressed, tokens.eos,
+                                           self.device)
+        return self._sampler
 
     @classmethod
     def for_model(cls, omni: OmniModel, **sizes: int) -> ThinkerRunner:
@@ -136,17 +151,48 @@ class ThinkerRunner:
 
     @torch.inference_mode()
     def feed(self, requests: list[Feed]) -> list[torch.Tensor]:
-        """One forward for one new token on each of the requests' rows -> logits per request."""
+        """One forward for one new token on each of the requests' rows -> logits per request
+        (their choices are not made: `answer` makes them)."""
+        logits, order = self._feed_forward(requests)
+        by_request: list[torch.Tensor] = [None] * len(requests)  # type: ignore[list-item]
+        for row_logits, index in zip(logits, order):
+            by_request[index] = row_logits
+        return by_request
+
+    @torch.inference_mode()
+    def answer(self, requests: list[Feed | Choose]) -> list[Fed]:
+        """A step's `Feed`s through one forward, then the next token of every request with a
+        choice (the feeds' and the `Choose`s') in one pass of the sampler, on the device: one
+        read of the chosen ids for the whole step (thinker_sampling.py). -> a `Fed` per request."""
+        feeds = [index for index, request in enumerate(requests) if isinstance(request, Feed)]
+        rows: list[tuple[int, torch.Tensor]] = []  # (request index, its logits), in the sampler's order
+        logits = None
+        if feeds:
+            logits, order = self._feed_forward([requests[index] for index in feeds])
+            rows = [(feeds[place], row_logits) for place, row_logits in zip(order, logits)]
+        rows += [(index, request.logits) for index, request in enumerate(requests) if isinstance(request, Choose)]
+        chosen = [place for place, (index, _) in enumerate(rows) if requests[index].choice is not None]
+        tokens: list[int | None] = [None] * len(rows)
+        if chosen:
+            if logits is not None and len(chosen) == len(rows) == logits.shape[0]:
+                scores = logits  # a plain decode step: the forward's rows as they are
+            else:
+                scores = torch.stack([rows[place][1] for place in chosen])
+            for place, token in zip(chosen, self.sampler.choose(scores, [requests[rows[place][0]].choice
+                                                                         for place in chosen])):
+                tokens[place] = token
+        answers: list[Fed] = [None] * len(requests)  # type: ignore[list-item]
+        for (index, row_logits), token in zip(rows, tokens):
+            answers[index] = Fed(row_logits, token)
+        return answers
+
+    def _feed_forward(self, requests: list[Feed]) -> tuple[torch.Tensor, list[int]]:
+        """One forward for one new token on each of the requests' rows -> (logits [B, V] with the
+        rows in slot order, the index in `requests` of each row)."""
         order = sorted(range(len(requests)), key=lambda i: requests[i].slot)
-        if order != list(range(len(requests))):  # rows in slot order: a contiguous set is read as a view
-            logits = self.feed([requests[i] for i in order])
-            by_request: list[torch.Tensor] = [None] * len(requests)  # type: ignore[list-item]
-            for row_logits, index in zip(logits, order):
-                by_request[index] = row_logits
-            return by_request
-        tokens_positions = torch.tensor([[r.token for r in requests], [r.position for r in requests]],
-                                        device=self.device)
-        ids, positions = tokens_positions[0], tokens_positions[1]
+        requests = [requests[i] for i in order]  # rows in slot order: a contiguous set is read as a view
+        tokens_positions = device_longs([[r.token for r in requests], [r.position for r in requests]], self.device)
+        ids, positions = tokens_positions.unbind()
         with self.cache.lock:
             for request in requests:
                 _check_owner(request)
@@ -154,11 +200,10 @@ class ThinkerRunner:
             if self.lean and self.lean_decode.usable():
                 logits = self.lean_decode(ids, positions, batch)  # [B, V]
                 self._commit(batch)
-                return list(logits)
+                return logits, order
             embeds = self.embed_tokens(ids[:, None])  # [B, 1, D]
             out = self._run(batch, embeds, positions.view(1, -1, 1).expand(3, -1, 1), None, None, False)
-        logits = self.thinker.lm_head(out.last_hidden_state[:, -1, :])  # [B, V]
-        return list(logits)
+        return self.thinker.lm_head(out.last_hidden_state[:, -1, :]), order  # [B, V]
 
     def _run(self, batch, embeds, positions, deepstack, visual_mask, want_hidden, lengths=None):
         position_ids = torch.cat([batch.text_positions()[None], positions.to(batch.mask.device)], dim=0)
@@ -189,8 +234,8 @@ class ThinkerRunner:
         try:
             request = next(work)
             while True:
-                if isinstance(request, Feed):
-                    answer: Any = self.feed([request])[0]
+                if isinstance(request, (Feed, Choose)):
+                    answer: Any = self.answer([request])[0]
                 else:
                     answer = self.forward_rows(request)
                 request = work.send(answer)
@@ -198,13 +243,13 @@ class ThinkerRunner:
             return stop.value
 
 
-def _check_owner(request: Feed | Chunk) -> None:
+def _check_owner(request: Feed | Choose | Chunk) -> None:
     """A closed session's row may already belong to another session: never write to it."""
     if request.owner is not None and request.owner._slot != request.slot:
         raise ThinkerError("session_closed", "the session is closed")
 
 
-def _owns_row(request: Feed | Chunk) -> bool:
+def _owns_row(request: Feed | Choose | Chunk) -> bool:
     return request.owner is None or request.owner._slot == request.slot
 
 
@@ -215,7 +260,7 @@ class _Call:
 
     def __init__(self, work: Work):
         self.work = work
-        self.request: Feed | Chunk | None = None
+        self.request: Feed | Choose | Chunk | None = None
         self.started = False
         self.ran = False  # a forward has answered one of its requests
 
@@ -224,7 +269,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
     """The executor's batch function (see the module docstring). One result per call: its return
     value, its exception, or `AGAIN`."""
     results: list[Any] = [AGAIN] * len(calls)
-    waiting: dict[int, Feed | Chunk] = {}
+    waiting: dict[int, Feed | Choose | Chunk] = {}
 
     def advance(index: int, answer: Any = None) -> None:
         call = calls[index]
@@ -287,7 +332,7 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
                 return [], ()
 
     while True:
-        feeds = [index for index, request in waiting.items() if isinstance(request, Feed)]
+        feeds = [index for index, request in waiting.items() if isinstance(request, (Feed, Choose))]
         rows: set[int] = set()
         batch = []
         for index in feeds:  # a row can be fed once per forward (one call per session)
@@ -295,11 +340,11 @@ def run_calls(runner: ThinkerRunner, calls: list[_Call]) -> list[Any]:
                 rows.add(waiting[index].slot)
                 batch.append(index)
         if batch:
-            batch, logits = forward(batch, runner.feed)
+            batch, answers = forward(batch, runner.answer)
             if batch:
                 first_fed = min(first_fed, *batch)
-            for index, row_logits in zip(batch, logits):
-                advance(index, row_logits)
+            for index, answer in zip(batch, answers):
+                advance(index, answer)
             continue
         chunks = sorted(index for index, request in waiting.items() if isinstance(request, Chunk) and index < first_fed)
         if not chunks or chunk_run:

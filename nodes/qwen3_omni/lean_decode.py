@@ -33,8 +33,7 @@ What differs from the HF forward, and why the logits stay the same:
   experts/top_k times the arithmetic of the chosen pairs; it reads every expert once), or, on
   CPU when that reads fewer bytes (large experts, a token or two), each chosen (token, expert)
   pair runs on its own expert's matrices. Both measured faster than `grouped_mm` on CPU (no
-  sort, histogram or offsets; the tiny model: ~5x for the block; the 38 M-parameter profile:
-  equal to 1.4x). With many experts (the real checkpoint: 128) the module's own experts
+  sort, histogram or offsets; docs/notebook/2026-12-02-lean-talker-step.md). With many experts (the real checkpoint: 128) the module's own experts
   forward runs (whatever `config._experts_implementation` says).
 
 The talker's decode step (`LeanTalkerDecode`, for `TalkerSlots.forward`) runs the same layer
@@ -44,9 +43,8 @@ it (`sigmoid(gate(x)) * shared(x)`). The code predictor (`LeanPredictor`, for
 code_predictor.py) takes the same norms, q/k norms, rotary and dense MLP as three `F.linear`s,
 with the attention function transformers picks (its first forward has two positions, causal, no
 mask) on keys/values it concatenates as a `DynamicCache` would; it has no experts, so its
-frames are the HF predictor's to the bit. (Tiny checkpoint, 2 vCPU, two alternating pairs: a
-talker step with its code predictor pass took 2.3-2.8 -> 1.2-1.3 ms for one reply, 2.5-3.1 ->
-1.5-1.6 ms for four.)
+frames are the HF predictor's to the bit. (Why: a talker step was per-call Python, not
+arithmetic; the numbers: docs/notebook/2026-12-02-lean-talker-step.md.)
 
 Up to the experts, the lean forward gives the HF forward's numbers bit for bit on CPU (checked
 with the module's experts forward), in float32 and bfloat16; the every-expert matmuls have
@@ -231,8 +229,9 @@ class LeanDecode(_LeanStack):
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and "signed" sin `[B, 1, head_dim]` for rotary positions `[B]` (see the module docstring)."""
-        inv_freq = self.rope.inv_freq
-        freqs = positions[:, None].to(torch.float32) * inv_freq.to(device=positions.device, dtype=torch.float32)
+        # The positions are on the model's device (the runner's): no move of `inv_freq` (on CPU
+        # a move that names the device reads as a host sync, benchmarks/dispatch_counts.py).
+        freqs = positions[:, None].to(torch.float32) * self.rope.inv_freq.to(torch.float32)
         cos = freqs.cos() * self.rope_scaling
         sin = freqs.sin() * self.rope_scaling
         cos = torch.cat((cos, cos), dim=-1).to(dtype)

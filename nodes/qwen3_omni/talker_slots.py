@@ -13,8 +13,8 @@ the decode steps. Every decode step writes one column into the reply's row, and 
 of all replies that are ready at once run as one forward over their rows (4-D mask, rows of
 different lengths side by side). The reply gives its row back when it finishes (or is garbage).
 Its `DynamicCache` is never extended by decode steps, so what the history keeps is exactly the
-prefill's KV. (Tiny checkpoint, 2 vCPU: 32 prefills of 9 positions took 75 ms one by one, 15 ms
-as one forward; docs/batching.md.)
+prefill's KV. (Why one forward: turns that end together start their replies together;
+docs/batching.md, rule 11, has the numbers' session.)
 
 Before this, each batched step copied every reply's whole KV into a fresh left-padded
 `DynamicCache` and the new column back: O(context) copies per reply per frame.

@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nodes.qwen3_omni.batched_thinker import ThinkerRunner
-from nodes.qwen3_omni.thinker_requests import Chunk, Feed, ThinkerError, Work
+from nodes.qwen3_omni.thinker_requests import Choice, Choose, Chunk, Feed, ThinkerError, Work
+from nodes.qwen3_omni.thinker_sampling import Sampling, device_longs
 from nodes.qwen3_omni.thinker_history import History, Segment, TalkerView, turn_media
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder
 from nodes.qwen3_omni.truncation import Item, items_to_drop
@@ -74,28 +75,6 @@ _CLOSING_RESERVE = 2
 # A prefill goes through the model in chunks of at most this many tokens; between two chunks the
 # shared executor runs the other sessions' decode steps.
 PREFILL_CHUNK_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Per-session sampling. temperature 0 = greedy (the default). `ignore_eos` (benchmarks only,
-    never from a client, as vLLM's): EOS is never chosen, so a reply runs to its bound."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    @classmethod
-    def from_dict(cls, params: dict[str, Any] | None) -> Sampling:
-        params = params or {}
-        return cls(
-            temperature=float(params.get("temperature") or 0.0),
-            top_p=float(params.get("top_p") or 1.0),
-            top_k=int(params.get("top_k") or 0),
-            seed=None if params.get("seed") is None else int(params["seed"]),
-        )
 
 
 @dataclass
@@ -211,13 +190,11 @@ class ThinkerSession:
         self._reply: _Reply | None = None
         self._last_logits: torch.Tensor | None = None
         self._interrupt = threading.Event()
-        self._generator: torch.Generator | None = None
-        if self.sampling.seed is not None:
-            self._generator = torch.Generator(device="cpu").manual_seed(self.sampling.seed)
-        vocab = self.thinker.config.text_config.vocab_size
-        self._suppress = torch.zeros(vocab, dtype=torch.bool)
-        self._suppress[list(self.tokens.suppressed)] = True
-        self._suppress[list(self.tokens.eos)] = self.sampling.ignore_eos
+        self._generator = self._new_generator(self.sampling)
+        # The ids in the context and the reply's chosen tokens not fed yet, as a [vocab] mask on
+        # the device (what the repetition penalty reads); built when a choice first needs it,
+        # kept up to date as tokens are chosen, dropped when the context changes otherwise.
+        self._seen: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -239,10 +216,13 @@ class ThinkerSession:
 
     def set_sampling(self, sampling: Sampling) -> None:
         self.sampling = sampling
-        self._suppress[list(self.tokens.eos)] = sampling.ignore_eos
-        self._generator = None
-        if sampling.seed is not None:
-            self._generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        self._generator = self._new_generator(sampling)
+
+    def _new_generator(self, sampling: Sampling) -> torch.Generator | None:
+        """A seeded session's own generator, on the device its tokens are drawn on."""
+        if sampling.seed is None:
+            return None
+        return torch.Generator(device=self.omni.device).manual_seed(sampling.seed)
 
     # ------------------------------------------------------------------ turns
 
@@ -377,7 +357,10 @@ class ThinkerSession:
 
         A chosen token is returned before the forward that feeds it (that forward opens the next
         step), so the first token follows the prefill at once and the talker can start on it.
-        Stops within one step of `interrupt()`. A generator of forward requests; returns a `Step`.
+        The next token is chosen in the same request as the feed (`Feed.choice`; the first one:
+        `Choose` on the prefill's logits), on the device with every other session's of the step
+        (thinker_sampling.py). Stops within one step of `interrupt()`. A generator of forward
+        requests; returns a `Step`.
         """
         self._sync_row()
         reply = self._reply
@@ -386,15 +369,23 @@ class ThinkerSession:
         index = len(reply.token_ids)
         if self._interrupt.is_set():
             return (yield from self._finish_step(reply, "interrupted", index))
-        yield from self._feed_unfed(reply)
         # A token is only chosen if it can be fed later with the closing still fitting after it.
-        if len(self.context_ids) + 1 + _CLOSING_RESERVE > self.max_seq_len:
-            return (yield from self._finish_step(reply, "context_exhausted", index))
+        unfed = len(reply.token_ids) - reply.fed
+        fits = len(self.context_ids) + unfed + 1 + _CLOSING_RESERVE <= self.max_seq_len
         calls = reply.calls
-        token = self._choose(self._last_logits, calls.allowed() if calls is not None else None)
+        choice = self._choice(calls.allowed() if calls is not None else None) if fits else None
+        token = None
+        if unfed:  # the forward that feeds the last token chooses the next (one pass for the batch)
+            token = yield from self._feed_unfed(reply, choice)
+        elif choice is not None:  # the first token: from the prefill's logits
+            token = (yield Choose(self._row(), self._last_logits, choice, owner=self)).token
+        if not fits:
+            return (yield from self._finish_step(reply, "context_exhausted", index))
         if token in self.tokens.eos:
             return (yield from self._finish_step(reply, "stop", index))
         reply.token_ids.append(token)
+        if self._seen is not None:
+            self._seen[token] = True
         in_call = calls is not None and calls.accept(token)
         text = self._new_text(reply)
         if calls is not None and calls.over_limit():
@@ -659,33 +650,35 @@ class ThinkerSession:
         self.pending = list(self.tokens.closing)
         self._previous_context = len(self.context_ids)
 
-    def _feed_unfed(self, reply: _Reply) -> Work:
+    def _feed_unfed(self, reply: _Reply, choice: Choice | None = None) -> Work:
+        """Feed the reply's chosen tokens that are not in the cache yet; the last one's forward
+        also chooses the next token under `choice` -> that token (None without a choice)."""
+        chosen = None
         while reply.fed < len(reply.token_ids):
             token = reply.token_ids[reply.fed]
             position = self.next_position
-            logits = yield Feed(self._row(), token, position, owner=self)
+            last = reply.fed + 1 == len(reply.token_ids)
+            logits, chosen = yield Feed(self._row(), token, position, owner=self, choice=choice if last else None)
             self.tokens_forwarded += 1
-            self._append([token], torch.full((3, 1, 1), position, dtype=torch.long))
+            self.context_ids.append(token)  # a reply token: a text position, and no role change
+            self._positions_after.append(position + 1)
             reply.fed += 1
             self._last_logits = logits
+        return chosen
 
-    def _choose(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
-        banned = self._suppress if allowed is None else self._suppress | ~allowed
-        logits = logits.float().cpu().masked_fill(banned, float("-inf"))
-        s = self.sampling
-        if s.temperature <= 0:
-            return int(torch.argmax(logits))
-        logits = logits / s.temperature
-        if s.top_k > 0:
-            kth = torch.topk(logits, min(s.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if s.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > s.top_p
-            sorted_probs[outside] = 0.0
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self._generator))
+    def _choice(self, allowed: torch.Tensor | None) -> Choice:
+        """How this session's next token is chosen (thinker_sampling.py), `allowed` by a grammar."""
+        sampling = self.sampling
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            if self._seen is None:
+                ids = self.context_ids + (self._reply.token_ids[self._reply.fed :] if self._reply else [])
+                self._seen = torch.zeros(self.thinker.config.text_config.vocab_size, dtype=torch.bool,
+                                         device=self.omni.device)
+                if ids:
+                    self._seen[device_longs(ids, self._seen.device)] = True
+            seen = self._seen
+        return Choice(sampling, self._generator, seen, allowed)
 
     def _decode(self, token_ids: list[int]) -> str:
         # No clean-up of spaces: text decoded so far must stay a prefix of what follows.
@@ -798,8 +791,10 @@ class ThinkerSession:
         self.context_ids.extend(ids)
         self._positions_after.extend(int(p) for p in ends.tolist())
         self._role = self._role_after(ids, self._role)
+        self._seen = None
 
     def _crop_to(self, length: int) -> None:
+        self._seen = None
         drop = len(self.context_ids) - length
         if drop > 0:
             self._runner.cache.set_length(self._row(), length)
@@ -884,7 +879,7 @@ class ThinkerSession:
         self._reply, self._last_logits = checkpoint.reply, checkpoint.last_logits
         self._previous_context = min(checkpoint.previous_context, len(self.context_ids))
         self.sampling, self._generator = checkpoint.sampling, checkpoint.generator
-        self._suppress[list(self.tokens.eos)] = self.sampling.ignore_eos  # as `set_sampling` left it
+        self._seen = None
         self._unfed_system = list(checkpoint.unfed_system)
         self._interrupt.clear()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,13 +24,46 @@ class ThinkerError(RuntimeError):
 
 
 @dataclass
+class Choice:
+    """How the next token of one reply is chosen (thinker_sampling.py does it on the device)."""
+
+    sampling: Any  # the reply's `Sampling` (thinker_sampling.py)
+    generator: torch.Generator | None = None  # on the model's device; None: the device's default
+    seen: torch.Tensor | None = None  # [vocab] bool on the device: the context's ids (repetition penalty)
+    allowed: torch.Tensor | None = None  # [vocab] bool on the host: the ids the tool-call grammar allows; None: any
+
+
+class Fed(NamedTuple):
+    """The answer to a `Feed` or a `Choose`: the row's logits `[vocab]` (a view of the step's
+    batch, on the device) and the token its `choice` chose (None without a choice)."""
+
+    logits: torch.Tensor
+    token: int | None
+
+
+@dataclass
 class Feed:
-    """One token into one session's row; answered with its logits `[vocab]`."""
+    """One token into one session's row; answered with a `Fed`. With a `choice`, the next token
+    is chosen from the new logits in the same step, together with every other row's (one read
+    of the chosen ids for the whole batch)."""
 
     slot: int
     token: int
     position: int  # rotary position (all three mrope rows: text tokens)
     owner: Any = None  # the ThinkerSession; the forward checks it still holds `slot`
+    choice: Choice | None = None
+
+
+@dataclass
+class Choose:
+    """The next token of one row from logits it holds already (a prefill's last position); no
+    forward. Answered with a `Fed` (these logits, the chosen token), in the same pass as the
+    step's feeds."""
+
+    slot: int
+    logits: torch.Tensor  # [vocab]
+    choice: Choice
+    owner: Any = None
 
 
 @dataclass
@@ -46,4 +79,4 @@ class Chunk:
     owner: Any = None  # the ThinkerSession; the forward checks it still holds `slot`
 
 
-Work = Generator["Feed | Chunk", Any, Any]
+Work = Generator["Feed | Choose | Chunk", Any, Any]

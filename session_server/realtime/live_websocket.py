@@ -1,6 +1,6 @@
 """`/v1/live/sessions`: OpenAI's Live API, the Realtime adapters with Live words.
 
-The session is the Realtime WebSocket's (`websocket._Link`: the same protocol core, graph
+The session is the Realtime WebSocket's (`websocket_link.WebSocketLink`: the same protocol core, graph
 session, queues and bounds); only the vocabulary differs: each client text frame goes through
 `LiveDialect.incoming` (live_dialect.py) to become GA events for the core (`feed`), and every
 event the core emits leaves through `LiveDialect.outgoing` as for any dialect. The graph opens at
@@ -38,15 +38,15 @@ from session_server.realtime.live_fork import NOT_FOUND, ForkSource, StoredSessi
 from session_server.realtime.live_sideband import Sideband, refusal, serve_attach
 from session_server.realtime.protocol import CLOSE_POLICY, Action, RealtimeProtocol, SendEvent, realtime_unavailable
 from session_server.realtime.voice_lookups import look_up_voices
-from session_server.realtime.websocket import (
+from session_server.realtime.websocket_link import (
     RealtimeSettings,
-    _Link,
-    _until_closed,
+    WebSocketLink,
     end_link,
     new_link,
     register,
     session_headers,
     start_tasks,
+    until_closed,
 )
 from session_server.auth import subprotocols
 from session_server.state import ServerState
@@ -69,7 +69,7 @@ def feed(protocol: RealtimeProtocol, translated: LiveInput, apply: Callable[[lis
         apply([SendEvent(translated.ack)])
 
 
-class LiveLink(_Link):
+class LiveLink(WebSocketLink):
     """A Realtime link whose client speaks Live: its frames are translated before the core."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -118,7 +118,7 @@ async def serve_live(websocket: WebSocket, state: ServerState, links: dict[str, 
             link.apply(replay)  # a fork's conversation, before anything its client sends
             link.apply(link.protocol.open())  # `session.created`: not a Live event, not sent
             tasks = start_tasks(link)
-            await _until_closed(link, tasks)
+            await until_closed(link, tasks)
     finally:
         links.pop(session_id, None)
         await end_link(link, writer, tasks, state)

@@ -47,16 +47,16 @@ from graph.errors import SessionRejected
 from session_server.realtime import snapshot
 from session_server.realtime.protocol import CLOSE_POLICY, RealtimeProtocol
 from session_server.realtime.session_store import SessionStore
-from session_server.realtime.websocket import (
+from session_server.realtime.websocket_link import (
     RealtimeSettings,
-    _Link,
-    _until_closed,
+    WebSocketLink,
     end_link,
     new_link,
     register,
     session_headers,
     start_tasks,
     unregister,
+    until_closed,
 )
 from session_server.state import ServerState
 
@@ -84,12 +84,12 @@ class _Tracked:
     save_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     save_pending: bool = False
     heartbeat: asyncio.Task[None] | None = None
-    link: _Link | None = None  # the connection serving it now
+    link: WebSocketLink | None = None  # the connection serving it now
 
 
 @dataclass
 class _Parked:
-    link: _Link
+    link: WebSocketLink
     tasks: list[asyncio.Task[None]]  # the feeder and the pump, still running
     parked_at: float
     claimed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -106,7 +106,7 @@ class SessionResumer:
 
     # ------------------------------------------------------------------ attached sessions
 
-    def track(self, link: _Link) -> None:
+    def track(self, link: WebSocketLink) -> None:
         """Make `link`'s session resumable: with a new token, or the one it was resumed with."""
         if link.resume_token is None:
             link.resume_token = secrets.token_urlsafe(32)  # 256 bits
@@ -118,7 +118,7 @@ class SessionResumer:
         link.on_event = lambda event: self._observe(link, tracked, event, token)
         tracked.heartbeat = spawn(self._heartbeat(session_id), name=f"{session_id}:snapshot-heartbeat")
 
-    def _observe(self, link: _Link, tracked: _Tracked, event: dict[str, Any], token: str) -> None:
+    def _observe(self, link: WebSocketLink, tracked: _Tracked, event: dict[str, Any], token: str) -> None:
         kind = event["type"]
         if kind == "session.created":
             event["session"].setdefault("sglang", {})["resume_token"] = token
@@ -128,7 +128,7 @@ class SessionResumer:
             tracked.save_pending = True
             spawn(self._save(link, tracked), name=f"{link.protocol.session_id}:snapshot")
 
-    async def _save(self, link: _Link, tracked: _Tracked) -> None:
+    async def _save(self, link: WebSocketLink, tracked: _Tracked) -> None:
         await asyncio.sleep(0)  # one write for all the events of one protocol step
         async with tracked.save_lock:  # writes land in order: the last one holds the latest state
             tracked.save_pending = False
@@ -150,7 +150,7 @@ class SessionResumer:
             tracked.heartbeat.cancel()
             tracked.heartbeat = None
 
-    async def ended(self, link: _Link) -> None:
+    async def ended(self, link: WebSocketLink) -> None:
         """The session is over: forget it (its snapshot too, unless the server's shutdown ended it)."""
         session_id = link.protocol.session_id
         self._stop_heartbeat(session_id)
@@ -161,7 +161,7 @@ class SessionResumer:
 
     # ------------------------------------------------------------------ parked sessions
 
-    def park(self, link: _Link, tasks: list[asyncio.Task[None]]) -> None:
+    def park(self, link: WebSocketLink, tasks: list[asyncio.Task[None]]) -> None:
         session_id = link.protocol.session_id
         link.apply(link.protocol.detach())
         self._stop_heartbeat(session_id)
@@ -296,7 +296,7 @@ async def serve_resume(websocket: WebSocket, state: ServerState, settings: Realt
     try:
         link.apply(link.protocol.resumed(kv))
         tasks = start_tasks(link, parked.tasks if parked is not None else None)
-        await _until_closed(link, tasks)
+        await until_closed(link, tasks)
     finally:
         await end_link(link, writer, tasks, state)
 
@@ -324,7 +324,7 @@ async def _refuse(websocket: WebSocket, state: ServerState, settings: RealtimeSe
                   code: str, message: str) -> None:
     await websocket.accept(subprotocol=subprotocol)
     protocol = RealtimeProtocol("", state.settings.model_id, settings.max_append_chars)
-    link = _Link(websocket, protocol, settings)
+    link = WebSocketLink(websocket, protocol, settings)
     writer = asyncio.create_task(link.writer())
     link.apply(protocol.reject(code, message, CLOSE_POLICY))
     await end_link(link, writer, [], state)

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from session_server.realtime.events import RealtimeError
 
-if TYPE_CHECKING:
-    from session_server.realtime.protocol import RealtimeProtocol
+
+class LooksUpVoices(Protocol):
+    """What `look_up_voices` needs of the protocol core (`RealtimeProtocol`): this module is
+    below the core (the core keeps a `VoiceLookups`), so it names the two methods, not the class."""
+
+    def voices_to_look_up(self, event: str | dict[str, Any]) -> list[str]: ...
+
+    def look_up_voice(self, name: str) -> None: ...
 
 
 class VoiceLookups:
@@ -70,7 +76,7 @@ def voice_names(event: Any) -> list[str]:
     return names
 
 
-async def look_up_voices(protocol: RealtimeProtocol, event: str | dict[str, Any]) -> None:
+async def look_up_voices(protocol: LooksUpVoices, event: str | dict[str, Any]) -> None:
     """The registry lookups the client event `event` needs, each in a worker thread, before the
     protocol gets the event."""
     for name in protocol.voices_to_look_up(event):

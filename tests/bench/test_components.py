@@ -34,11 +34,37 @@ def test_the_direct_reply_figures_hang_together(figures):
     assert figures["code2wav"]["audio_s"] == reply["audio_s"]
 
 
-def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(figures):
+def test_the_step_costs_are_reported_under_their_interface_names(figures):
+    thinker, talker = figures["thinker"], figures["talker"]
+    for value in (thinker["ops_per_step_16"], thinker["host_syncs_per_step"], talker["ops_per_frame"]):
+        assert isinstance(value, int) and value > 0
+    assert thinker["host_syncs_per_step"] == 1  # the chosen ids of the whole batch, nothing else
+    assert isinstance(talker["ms_per_frame"], float) and talker["ms_per_frame"] > 0
+    assert talker["reply_ms_per_frame"] > 0  # the frames of the spoken turn, apart
+
+
+def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(monkeypatch):
+    from nodes.vad import SileroModel
+
+    batch_sizes: list[int] = []
+    run_batch = SileroModel.run_batch
+
+    def counted(model, items):
+        batch_sizes.append(len(items))
+        return run_batch(model, items)
+
+    monkeypatch.setattr(SileroModel, "run_batch", counted)
+    vad = components.vad_figures(2.0, 4)
+    windows = vad["windows"]
+    # a warm-up, every window alone (one session), then every window of 4 sessions in one call
+    assert batch_sizes == [1] * (1 + windows) + [4] * windows
+    assert vad["batched_sessions"] == 4 and vad["batched_x_realtime"] > 0
+
+
+def test_the_vad_figures_cover_the_fixtures_speech_and_its_pauses(figures):
     vad = figures["vad"]
     assert vad["audio_s"] == pytest.approx(10.0, abs=0.05)
     assert 0.2 < vad["speech_share"] < 1.0  # the fixture is speech with pauses
-    assert vad["batched_sessions"] == 4 and vad["batched_x_realtime"] > 0
 
 
 def test_the_end_of_turn_classifier_is_measured_per_call_and_per_session_second_beside_the_vad():

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from graph.errors import SessionRejected
-from graph.messages import Close, Interrupt, TextDelta, Turn, TurnDone, ReplyParams
+from graph.messages import Close, Interrupt, Turn, TurnDone, ReplyParams
 from graph.runtime import GraphRuntime
 from tests.graph.fakes import chunk, relay_sink_profile
 
@@ -74,7 +74,10 @@ async def test_a_slow_consumer_applies_backpressure_instead_of_growing_queues():
                 sent += 1
 
         task = asyncio.create_task(producer())
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(5):  # both inboxes fill up
+            while session.queue_depths() != {"relay": 4, "sink": 4}:
+                await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)  # and stay full: the producer waits instead of queueing more
         # relay inbox (4) + sink inbox (4) + one message held by each node task: nothing more.
         assert sent <= 4 + 4 + 2
         assert not task.done()
@@ -99,7 +102,9 @@ async def test_an_interrupt_overtakes_100_queued_chunks_and_drops_that_turns_dat
         for i in range(100):
             await session.send("audio", chunk(i, turn_id=7))
         await session.send("audio", chunk(1000, turn_id=8))
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(5):  # the relay has passed them all on; the sink's task holds chunk 0
+            while session.queue_depths() != {"relay": 0, "sink": 100}:
+                await asyncio.sleep(0.005)
         session.control(Interrupt(turn_id=7))
         # The control reached the node before any of the 100 chunks was handled.
         assert [type(c) for c in sink.controls["s"]] == [Interrupt]
@@ -202,10 +207,6 @@ async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
     assert time.monotonic() - t0 < 4  # it waited for the reply, not the whole grace period
     outputs = [m async for m in session.outputs()]
     assert [type(m) for m in outputs] == [TurnDone]
-
-
-def test_textdelta_is_in_the_vocabulary():
-    assert TextDelta(text="x").text == "x"
 
 
 async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():

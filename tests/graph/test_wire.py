@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from graph.wire import CREDIT, Link, Window
+from graph.wire import CREDIT, CREDIT_DELAY_MIN_WINDOW, CREDIT_DELAY_S, Link, Window, credit_delay_s
 
 
 async def link_pair() -> tuple[Link, Link]:
@@ -41,11 +41,15 @@ async def test_a_credit_with_nothing_to_ride_with_goes_alone_after_the_delay():
 
 
 async def test_a_credit_goes_at_once_where_windows_are_small():
+    # The rule the engines and the server set their links by: only windows that hold at least
+    # CREDIT_DELAY_MIN_WINDOW messages can wait for a frame to ride with.
+    assert credit_delay_s(CREDIT_DELAY_MIN_WINDOW) == CREDIT_DELAY_S
     sender, receiver = await link_pair()
+    sender.credit_delay_s = credit_delay_s(CREDIT_DELAY_MIN_WINDOW - 1)
+    assert sender.credit_delay_s == 0.0
     try:
-        assert sender.credit_delay_s == 0.0
         sender.credit("sess_1")
-        records = await asyncio.wait_for(receiver.receive(), 5)
+        records = await asyncio.wait_for(receiver.receive(), 5)  # alone, at the end of this loop turn
     finally:
         sender.close()
         receiver.close()

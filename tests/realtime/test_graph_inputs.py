@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
-from session_server.realtime.websocket import RealtimeSettings, _Link
+from session_server.realtime.websocket_link import RealtimeSettings, WebSocketLink
 from tests.graph.ordered_sink import OrderedSink
 
 
 async def test_appends_go_straight_to_the_graph_while_it_has_room_and_keep_their_order_once_one_waits():
-    link = _Link(None, RealtimeProtocol("sess_1", "m"), RealtimeSettings())
+    link = WebSocketLink(None, RealtimeProtocol("sess_1", "m"), RealtimeSettings())
     graph = link.graph = OrderedSink()
     feeder = asyncio.create_task(link.feeder())
     try:

@@ -1,0 +1,171 @@
+"""How a thinker step picks the next token of every reply at once, on the device.
+
+    sampler = ThinkerSampler(vocab_size, suppressed=tokens.suppressed, eos=tokens.eos, device=device)
+    token_ids = sampler.choose(logits, choices)    # logits [B, V] on the device -> B ints
+
+The logits of a decode step never leave the device: every stage is a `[rows, V]` op over the
+rows that share a setting (as talker_sampling.py does for the talker), and the only read back
+to the host is ONE `tolist()` of the chosen ids for the whole batch. A GPU step that reads a
+value on the host stalls until the device has caught up, so CPU and GPU work cannot overlap;
+one small read per step is the least a step that streams tokens can do.
+
+Stages, in the order transformers' `generate()` applies its processors:
+
+- repetition penalty (`repetition_penalty` != 1) over the ids in the context (the prompt, the
+  earlier turns and the reply so far, as vLLM and `generate()` apply it): a seen id's logit is
+  divided by the penalty when positive, multiplied when negative;
+- the banned ids: the model's special tokens that are never text, and EOS with `ignore_eos`;
+- the tool-call grammar's allowed ids (tool_calls.py; built on the host by xgrammar, moved to
+  the device without a stall) for the rows that have one;
+- greedy (temperature 0): the argmax, the same ids as an argmax over the same masked logits on
+  the host; sampling: temperature, top-k, top-p, min-p (transformers' warpers' arithmetic),
+  softmax and a draw.
+
+Draws: `torch.multinomial` reads two values on the host to check its input. For one sample it
+draws `argmax(probs / q)` with `q ~ Exp(1)` (the exponential race: P(i) = probs[i]); this does
+exactly that, with `exponential_`. A row with a seed draws from its own generator (on the
+device), one call on its own row per step, so its tokens depend on its own draws alone: the
+same tokens alone or batched with any other sessions. Rows without a seed share the device's
+default generator in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nodes.qwen3_omni.talker_sampling import _top_k, _top_p
+from nodes.qwen3_omni.thinker_requests import Choice
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-session sampling. temperature 0 = greedy (the default; top-k / top-p / min-p then
+    do nothing). `ignore_eos` (benchmarks only, never from a client, as vLLM's): EOS is never
+    chosen, so a reply runs to its bound. `repetition_penalty` applies in greedy too."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | None) -> Sampling:
+        params = params or {}
+        return cls(
+            temperature=float(params.get("temperature") or 0.0),
+            top_p=float(params.get("top_p") or 1.0),
+            top_k=int(params.get("top_k") or 0),
+            seed=None if params.get("seed") is None else int(params["seed"]),
+            min_p=float(params.get("min_p") or 0.0),
+            repetition_penalty=float(params.get("repetition_penalty") or 1.0),
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def device_longs(values: Iterable[int] | Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """A long tensor of host values on `device`, without a stall: on CUDA through pinned memory
+    with a non-blocking copy (a plain copy waits for the device's queue to drain)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=torch.long)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+
+
+def _to_device(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if mask.device == device:
+        return mask
+    return mask.to(device, non_blocking=True)
+
+
+def _key(sampling: Sampling) -> tuple[bool, float, int, float, float, float, bool]:
+    """The setting a row shares with the other rows of its group."""
+    penalty, ignore_eos = float(sampling.repetition_penalty), bool(sampling.ignore_eos)
+    if sampling.greedy:
+        return (True, 1.0, 0, 1.0, 0.0, penalty, ignore_eos)
+    return (False, float(sampling.temperature), int(sampling.top_k), float(sampling.top_p), float(sampling.min_p),
+            penalty, ignore_eos)
+
+
+def _min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """MinPLogitsWarper(min_p) (min_tokens_to_keep 1: the most likely id always stays, min_p <= 1)."""
+    probs = torch.softmax(scores, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p
+    return scores.masked_fill(probs < threshold, -float("inf"))
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One id per row of `probs` [G, V]: argmax(probs / q), q ~ Exp(1) (torch.multinomial's draw
+    for one sample, without its host checks); each row with a generator from its own."""
+    q = torch.empty_like(probs)
+    if all(generator is None for generator in generators):
+        q.exponential_()
+    else:
+        for row, generator in enumerate(generators):
+            q[row].exponential_(generator=generator)
+    return probs.div_(q).argmax(dim=-1)
+
+
+class ThinkerSampler:
+    """The next token of many replies from their logits, on the device (see the module docstring).
+    One per runner: it holds the banned-id masks, built once."""
+
+    def __init__(self, vocab_size: int, suppressed: Iterable[int], eos: Iterable[int], device: torch.device | str):
+        self.vocab_size = int(vocab_size)
+        self.device = torch.device(device)
+        banned = torch.zeros(2, self.vocab_size, dtype=torch.bool)
+        banned[:, sorted(suppressed)] = True
+        banned[1, sorted(eos)] = True  # row 1: `ignore_eos`
+        banned = banned.to(self.device)
+        self._banned = (banned[0], banned[1])  # by `ignore_eos`; views taken once, not per step
+        self._any = torch.ones(self.vocab_size, dtype=torch.bool)  # a row without a grammar (host)
+
+    def choose(self, logits: torch.Tensor, choices: Sequence[Choice]) -> list[int]:
+        """The chosen id of each row of `logits` [B, V] (on the device; read, not changed) under
+        `choices[i]`: one `tolist()` for all rows, no other read of a device value."""
+        total = len(choices)
+        groups: dict[tuple, list[int]] = {}
+        for row, choice in enumerate(choices):
+            groups.setdefault(_key(choice.sampling), []).append(row)
+        picked, order = [], []
+        for key, rows in groups.items():
+            scores = logits if len(rows) == total else logits[device_longs(rows, logits.device)]
+            picked.append(self._pick(scores, [choices[row] for row in rows], key))
+            order.extend(rows)
+        ids = (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist()  # the step's one read
+        tokens = [0] * total
+        for row, token in zip(order, ids):
+            tokens[row] = token
+        return tokens
+
+    def _pick(self, scores: torch.Tensor, choices: list[Choice], key: tuple) -> torch.Tensor:
+        greedy, temperature, top_k, top_p, min_p, penalty, ignore_eos = key
+        if scores.dtype != torch.float32:
+            scores = scores.float()
+        if penalty != 1.0:  # RepetitionPenaltyLogitsProcessor, on the seen ids only
+            seen = torch.stack([choice.seen for choice in choices])
+            penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
+            scores = torch.where(seen, penalized, scores)
+        scores = scores.masked_fill(self._banned[int(ignore_eos)], -float("inf"))
+        if any(choice.allowed is not None for choice in choices):
+            allowed = torch.stack([self._any if choice.allowed is None else choice.allowed for choice in choices])
+            scores = scores.masked_fill(_to_device(allowed, scores.device).logical_not_(), -float("inf"))
+        if greedy:
+            return torch.argmax(scores, dim=-1)
+        if temperature != 1.0:
+            scores = scores / temperature
+        if top_k:
+            scores = _top_k(scores, top_k)
+        if top_p < 1.0:
+            scores = _top_p(scores, top_p)
+        if min_p > 0.0:
+            scores = _min_p(scores, min_p)
+        return _draw(torch.softmax(scores, dim=-1), [choice.generator for choice in choices])
