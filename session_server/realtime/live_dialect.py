@@ -230,17 +230,18 @@ class LiveDialect:
         if config.delegation is not None:
             raise LiveError("unsupported", "A fork's `delegation` overrides a Responses backend; this server serves client "
                             "delegation only, which a fork inherits.", "session.delegation")
-        if config.store is not None:
-            self.session["store"] = config.store  # else the source's
-        ga_session: dict[str, Any] = {"type": "realtime"}
         if media and config.audio is not None:
             raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
                             "omit `session.audio`.", "session.audio")
-        if config.audio is not None and config.audio.format is not None:
-            audio_format = self._format(config.audio.format)
+        fmt = config.audio.format if config.audio is not None else None
+        audio_format = self._format(fmt) if fmt is not None else None
+        ga_session: dict[str, Any] = {"type": "realtime"}
+        if audio_format is not None:
             ga_session["audio"] = {"input": {"format": audio_format}, "output": {"format": audio_format}}
             self.input_format = audio_format
             self.session["audio"]["format"] = self._live_format(audio_format)
+        if config.store is not None:
+            self.session["store"] = config.store  # else the source's
         self.start_event_id = event_id or ""
         return LiveInput([{"type": "session.update", "event_id": event_id, "session": ga_session}])
 
