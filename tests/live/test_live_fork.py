@@ -54,6 +54,29 @@ async def test_a_fork_holds_the_source_conversation_and_goes_on_from_it_while_th
     assert source_turns[-2].text == "[commentary] Tell me more." and said(source_reply) == "word0 word1 word2 "
 
 
+async def test_a_fork_may_answer_a_delegation_its_source_left_open():
+    async with running_server(live_profile(), api_key=API_KEY) as srv:
+        client = live_client(srv)
+        async with client.live.connect() as source:
+            source_id = (await start(source)).session.id
+            await source.session.commentary.append(content="The user wants the weather: delegate it.", delegation_id=None)
+            delegated = (await until(source, "session.delegation.created"))[-1]
+            await until(source, "session.usage.updated")
+            async with client.live.forks.connect(session_id=source_id) as fork:
+                await fork.session.start(session={})
+                forked = (await until(fork, "session.started"))[-1]
+                await fork.session.commentary.append(content="It is sunny in Paris.", delegation_id=delegated.delegation.id,
+                                                   event_id="answer_1")
+                answered = await until(fork, "session.usage.updated")
+            fork_turns = list(turns_by_session(srv)[forked.session.id])
+
+    assert answered[0].type == "session.commentary.appended" and answered[0].client_event_id == "answer_1"
+    assert all(e.type != "error" for e in answered)
+    # The source's call is in the fork's history, and the fork's answer is its output.
+    (output,) = [t for t in fork_turns if t.role == "tool"]
+    assert output.text == "It is sunny in Paris."
+
+
 async def test_a_stored_session_can_be_forked_after_it_ended_on_another_replica_and_the_fork_is_stored_too():
     profile = live_profile()
     async with running_server(profile, api_key=API_KEY) as first, running_server(profile, api_key=API_KEY) as srv:
