@@ -17,9 +17,9 @@ through `LiveDialect.outgoing`, which drops GA's bookkeeping (`session.created`,
   usage and errors are on the data channel;
 - the events channel is the first data channel the client opens, whatever its label;
 - `session.input_audio.mute` silences the track's audio as it does appended audio.
-The session is one of this server's Live sessions by its id: sidebands may attach (events and
-control; the audio reflections are those of `session.input_audio.append` events, not the
-track's), it may be forked, `POST .../hangup` ends it.
+The session is one of this server's Live sessions by its id: sidebands may attach (events,
+control, and the track's audio both ways reflected as PCM16 24 kHz: live_sideband.py), it may be
+forked, `POST .../hangup` ends it.
 
 Checks run cheapest first, as for `POST /v1/realtime/calls`: body, transport and SDP text, the
 Live config (coded `invalid_request_error`s naming `session.*`), then admission and the peer
@@ -39,8 +39,9 @@ from session_server import strict_json
 from session_server.realtime.live_dialect import LiveDialect
 from session_server.realtime.live_events import LiveError
 from session_server.realtime.live_fork import ForkSource, StoredSessions, seed
+from session_server.realtime.live_sideband import samples_to_pcm24
 from session_server.realtime.live_websocket import feed
-from session_server.realtime.protocol import RealtimeProtocol, reply_input_for
+from session_server.realtime.protocol import Action, RealtimeProtocol, SendAudio, reply_input_for
 from session_server.realtime.served import served_model
 from session_server.state import ServerState
 from session_server.webrtc.availability import missing_modules, unavailable_response
@@ -49,7 +50,7 @@ from session_server.webrtc.registry import CallRegistry
 from session_server.webrtc.routes import CallRefused, _check_realtime_input, _initial_config, _start_call, check_sdp_text
 
 if not missing_modules():
-    from session_server.webrtc.call import Call, new_call_id
+    from session_server.webrtc.call import INPUT_RATE, Call, new_call_id
 else:  # the routes answer 501 before a call is made
     Call = object  # type: ignore[assignment,misc]
 
@@ -89,7 +90,22 @@ class LiveCall(Call):  # type: ignore[misc,valid-type]
         self.receive_client_message(text)
 
     def heard(self, samples: Any) -> Any:
+        if self.live_sidebands:
+            audio = samples_to_pcm24(samples, INPUT_RATE)  # the track's audio, before muting
+            for sideband in self.live_sidebands:
+                sideband.reflect_input_pcm24(audio)
         return np.zeros_like(samples) if self.protocol.dialect.muted else samples
+
+    def apply(self, actions: list[Action]) -> None:
+        if self.live_sidebands:  # reply audio, as the track gets it
+            for action in actions:
+                if isinstance(action, SendAudio):
+                    audio = samples_to_pcm24(action.samples, action.sample_rate)
+                    event = self.protocol.dialect.native("session.output_audio.delta")
+                    event.pop("_live")
+                    for sideband in self.live_sidebands:
+                        sideband.reflect_output(event, audio)
+        super().apply(actions)
 
 
 class LiveWebRTC:

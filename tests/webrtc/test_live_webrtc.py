@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -59,7 +60,7 @@ async def live_peer(signal: Callable[[str], Awaitable[Any]]) -> AsyncIterator[tu
         await pc.close()
 
 
-async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_its_track_mutes_from_a_sideband_and_closes():
+async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_its_track_mutes_and_closes():
     async with running_server(live_webrtc_profile(), api_key=API_KEY) as srv:
         client = AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=API_KEY)
         session = {"model": "gpt-live-1", "instructions": "Be brief.", "audio": {"output": {"voice": "ethan"}}}
@@ -72,20 +73,16 @@ async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_i
             turn = await peer.events_until("session.usage.updated")
             # The reply's three 100 ms tones play on the track after their transcript.
             await until_true(lambda: rms(peer.received_audio(peer.event_time("session.output_transcript.delta"))) > 0.01)
-            # Muted (here by a sideband on the session), the track's audio reaches the model as silence.
+            # Muted, the track's audio reaches the model as silence of the same length.
             server_call = calls_of(srv).get(created.session.id.replace("sess_", "rtc_", 1))
-            attach = f"{srv.ws_url}/v1/live/sessions/{created.session.id}/attach"
-            async with websockets.connect(attach, additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
-                sideband = RawClient(ws)
-                await sideband.send({"type": "session.input_audio.mute", "event_id": "mute_1"})
-                muted_ack = await peer.next_event("session.input_audio.muted")
-                muted = server_call.heard(np.ones(160, np.float32))
-                peer.send({"type": "session.input_audio.unmute"})
-                await peer.next_event("session.input_audio.unmuted")
-                unmuted = server_call.heard(np.ones(160, np.float32))
-                peer.send({"type": "session.close", "event_id": "bye"})
-                closed = await peer.next_event("session.closed")
-                seen_by_sideband = [e["type"] for e in await sideband.until("session.closed")]
+            peer.send({"type": "session.input_audio.mute", "event_id": "mute_1"})
+            muted_ack = await peer.next_event("session.input_audio.muted")
+            muted = server_call.heard(np.ones(160, np.float32))
+            peer.send({"type": "session.input_audio.unmute"})
+            await peer.next_event("session.input_audio.unmuted")
+            unmuted = server_call.heard(np.ones(160, np.float32))
+            peer.send({"type": "session.close", "event_id": "bye"})
+            closed = await peer.next_event("session.closed")
             await until_true(lambda: len(calls_of(srv)) == 0 and not srv.runtime.sessions)
 
     assert created.session.id == started["session"]["id"] and created.session.id.startswith("sess_")
@@ -100,8 +97,47 @@ async def test_a_live_webrtc_session_starts_at_creation_speaks_a_typed_turn_on_i
                                          "session.usage.updated"}
     assert muted_ack["client_event_id"] == "mute_1"
     assert (muted.shape, float(np.abs(muted).max()), float(unmuted.min())) == ((160,), 0.0, 1.0)
-    assert seen_by_sideband == ["session.input_audio.muted", "session.input_audio.unmuted", "session.closed"]
     assert (closed["reason"], closed["client_event_id"]) == ("close_requested", "bye")
+
+
+def pcm24(event: dict[str, Any], key: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(event[key]), "<i2").astype(np.float32) / 32768.0
+
+
+async def test_a_sideband_on_a_live_webrtc_session_gets_its_events_and_its_track_audio_both_ways_before_muting():
+    async with running_server(live_webrtc_profile(), api_key=API_KEY) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=API_KEY)
+        async with live_peer(lambda sdp: client.live.create(session={"model": "gpt-live-1"},
+                                                            transport={"type": "webrtc", "sdp": sdp})) as (peer, created):
+            await peer.next_event("session.started")
+            attach = f"{srv.ws_url}/v1/live/sessions/{created.session.id}/attach"
+            async with websockets.connect(attach, additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+                sideband = RawClient(ws)
+                await sideband.send({"type": "session.input_audio.mute", "event_id": "mute_1"})
+                muted_ack = await peer.next_event("session.input_audio.muted")
+                # Spoken while muted: the model hears silence, the sideband the speech.
+                peer.microphone.play(0.5 * np.sin(2 * np.pi * 440 * np.arange(12000) / 24000).astype(np.float32), 24000)
+                reflected = []  # the track's audio as the sideband gets it, until the tone is there
+                async with asyncio.timeout(10):
+                    while not reflected or rms(pcm24(reflected[-1], "audio")) < 0.1:
+                        reflected.append((await sideband.until("session.input_audio.append"))[-1])
+                peer.send({"type": "session.input_audio.unmute"})
+                peer.send({"type": "session.commentary.append", "content": "Greet the user.", "delegation_id": None})
+                await peer.next_event("session.usage.updated")
+                peer.send({"type": "session.close"})
+                seen = await sideband.until("session.closed")
+
+    assert muted_ack["client_event_id"] == "mute_1"
+    assert rms(pcm24(reflected[-1], "audio")) > 0.1  # the tone reached the sideband while the session was muted
+    # Muted, the model heard no turn: what the sideband was told is the typed turn's, in order.
+    told = [e["type"] for e in seen if e["type"] not in ("session.input_audio.append", "session.output_audio.delta")]
+    assert told == ["session.input_audio.unmuted", "session.commentary.appended", *["session.output_transcript.delta"] * 3,
+                    "session.usage.updated", "session.closed"]
+    # The reply's audio (three 100 ms tones) as PCM16 24 kHz, laid end to end.
+    out = [e for e in seen if e["type"] == "session.output_audio.delta"]
+    assert sum(len(pcm24(e, "delta")) for e in out) == 3 * 2400
+    assert all(e["end_ms"] - e["start_ms"] == 100 for e in out)
+    assert all(a["end_ms"] <= b["start_ms"] for a, b in zip(out, out[1:]))
 
 
 async def test_a_live_webrtc_session_forked_over_webrtc_goes_on_from_its_conversation_and_bad_configs_are_refused():
