@@ -7,14 +7,21 @@ GA client events fed to the one `RealtimeProtocol`, and each GA server event it 
 zero or one Live server event on the way out (`LiveDialect.outgoing`, applied by the transport as
 for every dialect). No rule of the session lives here; only the vocabulary.
 
-The definition is the `openai` SDK's `openai/types/live` (docs/live.md lists every event):
+The definition is the `openai` SDK's `openai/types/live` (the strict client events: live_events.py;
+docs/live.md lists every event):
 
 - `session.start` (first, once) -> GA `session.update` (server VAD with barge-in, spoken replies,
   input transcripts on, the `delegate` tool) plus one `conversation.item.create` per `input`
   message; its `session.updated` comes back as `session.started`. Before it, any other event is
   refused with `session_not_started`. The session object is strict: unknown fields are refused
   with `unknown_parameter`, features the graph cannot serve (`responses`/`decisions` delegation,
-  `triggers`, `store`, `client`) with `unsupported`.
+  `triggers`, `client`) with `unsupported`; `store: true` keeps the session forkable after it
+  ends (live_fork.py).
+- WebRTC (`start_media`, webrtc/live_calls.py): the startup config comes with the offer, without
+  an audio format (the track's), and the session starts at creation; a `session.start` on its data
+  channel is `session_already_started`.
+- A fork (`seed_fork`, then `start_fork`; live_fork.py): the source's session object under the
+  fork's id (`sglang.forked_from`), its `session.start` carrying overrides only (`audio.format`).
 - `session.update` changes only `delegation` (its type stays `client`) and `triggers`; it needs no
   GA event and is answered here with `session.updated`.
 - `session.input_audio.append` -> `input_audio_buffer.append`; while muted
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import itertools
 import json
 import time
@@ -48,6 +56,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from session_server.realtime.live_events import (
+    REALTIME_CLIENT_EVENTS,
+    SERVED_CLIENT_EVENTS,
+    UNSERVED_CLIENT_EVENTS,
+    AudioFormat,
+    CommentaryAppend,
+    Delegation,
+    ForkSessionConfig,
+    ForkStart,
+    InitialItem,
+    InputAudioAppend,
+    InputAudioMute,
+    InputAudioUnmute,
+    InstructionsAppend,
+    LiveClientEvent,
+    LiveError,
+    MediaSessionConfig,
+    SessionClose,
+    SessionConfig,
+    SessionStart,
+    SessionUpdate,
+    ThinkingAppend,
+    VoiceRef,
+    validation_error,
+)
 
 LIVE_MODELS = ("gpt-live-1", "gpt-live-1.1")  # answered by the served model (`sglang.served_model`)
 MAX_INPUT_MESSAGES = 128
@@ -61,157 +95,10 @@ DELEGATE_TOOL = {
                    "required": ["task"]},
 }
 
-SERVED_CLIENT_EVENTS = frozenset({
-    "session.start", "session.update", "session.close", "session.input_audio.append", "session.input_audio.mute",
-    "session.input_audio.unmute", "session.instructions.append", "session.thinking.append", "session.commentary.append",
-})
-# Live client events the graph cannot serve: refused with `unsupported`.
-UNSERVED_CLIENT_EVENTS = frozenset({
-    "session.output_audio.fixture.play", "decision.create", "decision.item.create", "decision.item.delete",
-    "response.item.create", "response.create", "transport.dtmf.send",
-})
-# Events of the Realtime (GA/beta) dialect: refused with `realtime_event_on_live`.
-REALTIME_CLIENT_EVENTS = frozenset({
-    "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear", "output_audio_buffer.clear",
-    "conversation.item.create", "conversation.item.truncate", "conversation.item.delete", "conversation.item.retrieve",
-    "response.cancel", "transcription_session.update",
-})
-
 # Why a GA session ended -> Live's `session.closed.reason`.
 _CLOSE_REASONS = {"max_duration": "expired", "max_duration_reached": "expired", "session_expired": "expired",
-                  "idle_timeout": "expired"}
+                  "idle_timeout": "expired", "hangup": "close_requested", "peer_closed": "remote_hangup"}
 _SILENCE_BYTE = {"audio/pcm": 0x00, "audio/pcmu": 0xFF, "audio/pcma": 0xD5}
-
-
-class LiveError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
-
-
-# ------------------------------------------------------------------ the client events, strict
-
-class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    pass
-
-
-class VoiceRef(_Strict, kw_only=True):
-    id: str
-
-
-class AudioFormat(_Strict, kw_only=True):
-    type: str
-    rate: int | None = None
-
-
-class AudioOutput(_Strict, kw_only=True):
-    voice: str | VoiceRef | None = None
-
-
-class Audio(_Strict, kw_only=True):
-    format: AudioFormat | None = None
-    output: AudioOutput | None = None
-
-
-class Delegation(_Strict, kw_only=True):
-    type: str
-    acknowledgement_delay_ms: int | None = None
-    responses: dict[str, Any] | None = None
-    decisions: dict[str, Any] | None = None
-
-
-class InitialContent(_Strict, kw_only=True):
-    text: str
-    type: str | None = None
-
-
-class InitialItem(_Strict, kw_only=True):
-    role: str
-    content: list[InitialContent]
-    id: str | None = None
-    status: str | None = None
-    type: str | None = None
-
-
-class SessionConfig(_Strict, kw_only=True):
-    model: str
-    audio: Audio | None = None
-    client: dict[str, Any] | None = None
-    delegation: Delegation | None = None
-    input: list[InitialItem] | None = None
-    instructions: str | None = None
-    safety_identifier: str | None = None
-    store: bool | None = None
-    triggers: list[dict[str, Any]] | None = None
-
-
-class SessionUpdateConfig(_Strict, kw_only=True):
-    delegation: Delegation | None = None
-    triggers: list[dict[str, Any]] | None = None
-
-
-class _Event(_Strict, tag_field="type"):
-    event_id: str | None = None
-
-
-class SessionStart(_Event, tag="session.start", kw_only=True):
-    session: SessionConfig
-
-
-class SessionUpdate(_Event, tag="session.update", kw_only=True):
-    session: SessionUpdateConfig
-
-
-class SessionClose(_Event, tag="session.close", kw_only=True):
-    pass
-
-
-class InputAudioAppend(_Event, tag="session.input_audio.append", kw_only=True):
-    audio: str
-
-
-class InputAudioMute(_Event, tag="session.input_audio.mute", kw_only=True):
-    pass
-
-
-class InputAudioUnmute(_Event, tag="session.input_audio.unmute", kw_only=True):
-    pass
-
-
-class _ContextAppend(_Event, kw_only=True):
-    content: str
-    delegation_id: str | None = None
-
-
-class InstructionsAppend(_ContextAppend, tag="session.instructions.append", kw_only=True):
-    pass
-
-
-class ThinkingAppend(_ContextAppend, tag="session.thinking.append", kw_only=True):
-    pass
-
-
-class CommentaryAppend(_ContextAppend, tag="session.commentary.append", kw_only=True):
-    pass
-
-
-LiveClientEvent = (SessionStart | SessionUpdate | SessionClose | InputAudioAppend | InputAudioMute | InputAudioUnmute
-                   | InstructionsAppend | ThinkingAppend | CommentaryAppend)
-
-
-def _validation_error(message: str) -> LiveError:
-    """msgspec's message names the path (`... - at `$.session.foo``): the Live param it names."""
-    text, _, where = message.partition(" - at `")
-    path = where.rstrip("`").removeprefix("$").lstrip(".") or None
-    if text.startswith("Object contains unknown field"):
-        name = text.split("`")[1] if "`" in text else ""
-        param = f"{path}.{name}" if path else name
-        return LiveError("unknown_parameter", f"Unknown parameter {param!r}.", param)
-    if text.startswith("Object missing required field"):
-        name = text.split("`")[1] if "`" in text else ""
-        param = f"{path}.{name}" if path else name
-        return LiveError("missing_required_parameter", f"Missing required parameter {param!r}.", param)
-    return LiveError("invalid_value", f"{text}.", path)
 
 
 # ------------------------------------------------------------------ what one client event becomes
@@ -248,6 +135,7 @@ class LiveDialect:
         self.muted = False
         self.close_requested = False  # a `session.close` went to the core: its close is Live's `close_requested`
         self.delegations: dict[str, bool] = {}  # call id -> answered yet
+        self.forked_from: str | None = None  # a fork's source session (seed_fork)
         self.transcribed_items: set[str] = set()
         # Who else sees each Live event sent to the client (live_sideband.py): called in order.
         self.observers: list[Any] = []
@@ -287,10 +175,16 @@ class LiveDialect:
         if kind not in SERVED_CLIENT_EVENTS:
             raise LiveError("unknown_event_type", f"Unknown Live event type {kind!r}. Supported: "
                             f"{', '.join(sorted(SERVED_CLIENT_EVENTS))}.", "type")
+        if kind == "session.start" and self.forked_from is not None:
+            try:
+                fork_start = msgspec.convert(raw, ForkStart)  # the event's own shape; its overrides below
+            except msgspec.ValidationError as exc:
+                raise validation_error(str(exc)) from None
+            return self.start_fork(raw["session"], fork_start.event_id, media=False)
         try:
             event = msgspec.convert(raw, LiveClientEvent)
         except msgspec.ValidationError as exc:
-            raise _validation_error(str(exc)) from None
+            raise validation_error(str(exc)) from None
         if isinstance(event, SessionStart):
             return self._start(event)
         if not self.started:
@@ -310,50 +204,125 @@ class LiveDialect:
         return self._context(event)
 
     def _start(self, event: SessionStart) -> LiveInput:
+        self._check_not_started()
+        return self._begin(event.session, event.event_id, media=False)
+
+    def start_media(self, config: Any) -> LiveInput:
+        """`POST /v1/live/sessions` (WebRTC): the startup config comes with the offer and the
+        session starts without a `session.start`; its `session.started` goes out on the data
+        channel. Raises `LiveError` (params named `session.*`)."""
+        try:
+            parsed = msgspec.convert(config, MediaSessionConfig)
+        except msgspec.ValidationError as exc:
+            raise validation_error(str(exc), "session") from None
+        return self._begin(parsed, None, media=True)
+
+    def start_fork(self, overrides: Any, event_id: str | None, media: bool) -> LiveInput:
+        """A fork's start (`seed_fork` first): its overrides, as a GA `session.update` whose
+        `session.updated` becomes `session.started`. Raises `LiveError`."""
+        self._check_not_started()
+        try:
+            config = msgspec.convert(overrides if overrides is not None else {}, ForkSessionConfig)
+        except msgspec.ValidationError as exc:
+            raise validation_error(str(exc), "session") from None
+        if config.client is not None:
+            raise LiveError("unsupported", "`client` (frontend data-channel permissions) is not served.", "session.client")
+        if config.delegation is not None:
+            raise LiveError("unsupported", "A fork's `delegation` overrides a Responses backend; this server serves client "
+                            "delegation only, which a fork inherits.", "session.delegation")
+        if media and config.audio is not None:
+            raise LiveError("invalid_value", "A WebRTC fork negotiates its audio format on the media transport: "
+                            "omit `session.audio`.", "session.audio")
+        fmt = config.audio.format if config.audio is not None else None
+        audio_format = self._format(fmt) if fmt is not None else None
+        ga_session: dict[str, Any] = {"type": "realtime"}
+        if audio_format is not None:
+            ga_session["audio"] = {"input": {"format": audio_format}, "output": {"format": audio_format}}
+            self.input_format = audio_format
+            self.session["audio"]["format"] = self._live_format(audio_format)
+        if config.store is not None:
+            self.session["store"] = config.store  # else the source's
+        self.start_event_id = event_id or ""
+        return LiveInput([{"type": "session.update", "event_id": event_id, "session": ga_session}])
+
+    def fork_state(self) -> dict[str, Any]:
+        """What a fork of this session takes from its Live side (live_fork.py); JSON-able."""
+        return {"session": copy.deepcopy(self.session), "input_format": dict(self.input_format),
+                "delegations": dict(self.delegations)}
+
+    def seed_fork(self, source_id: str, state: dict[str, Any], media: bool) -> None:
+        """Make this (new) session a fork of `source_id`: its session object and open
+        delegations, under this session's id. The conversation is the protocol's (snapshot.py)."""
+        self.forked_from = source_id
+        session = copy.deepcopy(state["session"])
+        session.update({"id": self.session_id, "expires_at": 0})
+        session.setdefault("sglang", {})["forked_from"] = source_id
+        self.input_format = dict(state["input_format"])
+        voice = {"voice": ((session.get("audio") or {}).get("output") or {}).get("voice")}
+        session["audio"] = {"output": voice} if media else {"format": self._live_format(self.input_format), "output": voice}
+        self.session = session
+        self.delegations = dict(state["delegations"])
+
+    def _check_not_started(self) -> None:
         if self.started or self.start_event_id is not None:
-            raise LiveError("session_already_started", "`session.start` is sent once, first.", "type")
-        config = event.session
+            raise LiveError("session_already_started", "`session.start` is sent once, first (a WebRTC session "
+                            "starts when it is created).", "type")
+
+    def _begin(self, config: SessionConfig | MediaSessionConfig, event_id: str | None, media: bool) -> LiveInput:
         if config.model not in self.answered_names:
             raise LiveError("model_not_found", f"The model {config.model!r} is not served here; this server answers "
                             f"{', '.join(repr(n) for n in dict.fromkeys(self.answered_names))} with {self.served_model!r}.",
                             "session.model")
         delegation = self._delegation(config.delegation, "session.delegation")
         if config.client is not None:
-            raise LiveError("unsupported", "`client` (frontend capabilities of a WebRTC session) is not served: "
-                            "this server serves Live over WebSocket only.", "session.client")
+            raise LiveError("unsupported", "`client` (frontend data-channel permissions of a WebRTC session) is not "
+                            "served.", "session.client")
         if config.triggers:
             raise LiveError("unsupported", "Decisions triggers are not served.", "session.triggers")
-        if config.store:
-            raise LiveError("unsupported", "Stored sessions (forks, recordings) are not served.", "session.store")
-        audio_format, voice = self._audio(config.audio)
-        items = self._initial_items(config.input or [], event.event_id)
+        if isinstance(config, MediaSessionConfig):
+            if config.idle_timeout_s is not None:
+                raise LiveError("unsupported", "Pausing inference when idle (`idle_timeout_s`) is not served: inference "
+                                "stays on for the whole session.", "session.idle_timeout_s")
+            if config.wake_policy is not None and config.wake_policy.type != "speech":
+                raise LiveError("invalid_value", "The wake policy type is `speech`.", "session.wake_policy.type")
+        fmt = getattr(config.audio, "format", None)
+        audio_format = self._format(fmt) if fmt is not None else None
+        voice = config.audio.output.voice if config.audio is not None and config.audio.output is not None else None
+        voice = voice.id if isinstance(voice, VoiceRef) else voice
+        if audio_format is None and not media:
+            audio_format = {"type": "audio/pcm", "rate": 24000}
+        items = self._initial_items(config.input or [], event_id)
+        formats = {"format": audio_format} if audio_format is not None else {}  # WebRTC: the GA session's own
         ga_session: dict[str, Any] = {
             "type": "realtime",
             "output_modalities": ["audio"],
             "audio": {
-                "input": {"format": audio_format, "transcription": {"model": config.model},
+                "input": {**formats, "transcription": {"model": config.model},
                           "turn_detection": {"type": "server_vad", "create_response": True, "interrupt_response": True}},
-                "output": {"format": audio_format, **({"voice": voice} if voice is not None else {})},
+                "output": {**formats, **({"voice": voice} if voice is not None else {})},
             },
             "tools": [DELEGATE_TOOL],
             "tool_choice": "auto",
         }
         if config.instructions and config.instructions.strip():
             ga_session["instructions"] = config.instructions
-        self.start_event_id = event.event_id or ""
-        self.input_format = audio_format
+        self.start_event_id = event_id or ""
+        live_audio: dict[str, Any] = {"output": {"voice": voice}}
+        if audio_format is not None:
+            self.input_format = audio_format
+            live_audio = {"format": self._live_format(audio_format), **live_audio}
         self.session.update({
             "model": config.model,
-            "audio": {"format": self._live_format(audio_format), "output": {"voice": voice}},
+            "audio": live_audio,
             "delegation": delegation,
             "input": [msgspec.to_builtins(item) for item in config.input or []],
             "instructions": config.instructions,
             "safety_identifier": config.safety_identifier,
-            "store": False,
+            "store": bool(config.store),  # kept for forks after the session ends (live_fork.py)
             "triggers": [],
             "sglang": {"served_model": self.served_model},
         })
-        return LiveInput([{"type": "session.update", "event_id": event.event_id, "session": ga_session}, *items])
+        return LiveInput([{"type": "session.update", "event_id": event_id, "session": ga_session}, *items])
 
     def _update(self, event: SessionUpdate) -> LiveInput:
         update = event.session
@@ -375,20 +344,16 @@ class LiveDialect:
             raise LiveError("invalid_value", "`acknowledgement_delay_ms` must be >= 0.", f"{param}.acknowledgement_delay_ms")
         return {"type": "client", "acknowledgement_delay_ms": delegation.acknowledgement_delay_ms or 0}
 
-    def _audio(self, audio: Audio | None) -> tuple[dict[str, Any], Any]:
-        fmt = audio.format if audio is not None else None
-        voice = audio.output.voice if audio is not None and audio.output is not None else None
-        voice = voice.id if isinstance(voice, VoiceRef) else voice
-        if fmt is None:
-            return {"type": "audio/pcm", "rate": 24000}, voice
+    @staticmethod
+    def _format(fmt: AudioFormat) -> dict[str, Any]:
         if fmt.type == "audio/pcm":
             if fmt.rate not in (16000, 24000):
                 raise LiveError("invalid_value", "`audio/pcm` is 16000 or 24000 Hz.", "session.audio.format.rate")
-            return {"type": "audio/pcm", "rate": fmt.rate}, voice
+            return {"type": "audio/pcm", "rate": fmt.rate}
         if fmt.type in ("audio/pcmu", "audio/pcma"):
             if fmt.rate not in (None, 8000):
                 raise LiveError("invalid_value", "G.711 audio is 8000 Hz.", "session.audio.format.rate")
-            return {"type": fmt.type}, voice
+            return {"type": fmt.type}
         raise LiveError("invalid_value", f"Unknown audio format {fmt.type!r} (audio/pcm, audio/pcmu, audio/pcma).",
                         "session.audio.format.type")
 

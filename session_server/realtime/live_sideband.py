@@ -14,6 +14,9 @@ after `session.closed`. An unknown session id: error `session_not_found`, close 
 
 Reflected output ranges are laid end to end on the session timeline from the moment each reply's
 audio is sent (server wall clock), not positions the primary's player reached.
+
+A WebRTC session (webrtc/live_calls.py) reflects the same: its track's input audio, each frame as
+the server decoded it (16 kHz, before muting), and its reply audio as it is handed to the track.
 """
 
 from __future__ import annotations
@@ -44,8 +47,13 @@ def to_pcm24(audio_b64: str, fmt: AudioFormat) -> str | None:
         return None
     if fmt.type == "audio/pcm" and fmt.rate == SIDEBAND_RATE:
         return audio_b64
-    if fmt.rate != SIDEBAND_RATE:
-        samples = soxr.resample(samples, fmt.rate, SIDEBAND_RATE, quality="HQ")
+    return samples_to_pcm24(samples, fmt.rate)
+
+
+def samples_to_pcm24(samples: Any, rate: int) -> str:
+    """float32 mono at `rate` (a WebRTC track's audio) as base64 PCM16 24 kHz."""
+    if rate != SIDEBAND_RATE:
+        samples = soxr.resample(samples, rate, SIDEBAND_RATE, quality="HQ")
     return base64.b64encode(to_int16(np.asarray(samples)).astype("<i2").tobytes()).decode("ascii")
 
 
@@ -66,18 +74,26 @@ class Sideband:
             audio = to_pcm24(event["delta"], self.format)
             if audio is None:
                 return
-            duration_ms = len(base64.b64decode(audio)) // 2 * 1000 // SIDEBAND_RATE
-            start = max(self.output_end_ms, self.clock_ms())
-            self.output_end_ms = start + duration_ms
-            event = {**event, "delta": audio, "start_ms": start, "end_ms": self.output_end_ms}
+            self.reflect_output(event, audio)
+            return
         self._put(event)
         if event["type"] == "session.closed":
             self._put(_STOP)
 
+    def reflect_output(self, event: dict[str, Any], audio: str) -> None:
+        """Reply audio (base64 PCM16 24 kHz) laid on the timeline after what was reflected before."""
+        duration_ms = len(base64.b64decode(audio)) // 2 * 1000 // SIDEBAND_RATE
+        start = max(self.output_end_ms, self.clock_ms())
+        self.output_end_ms = start + duration_ms
+        self._put({**event, "delta": audio, "start_ms": start, "end_ms": self.output_end_ms})
+
     def reflect_input(self, audio_b64: str) -> None:
         audio = to_pcm24(audio_b64, self.format)
         if audio is not None:
-            self._put({"type": "session.input_audio.append", "audio": audio})
+            self.reflect_input_pcm24(audio)
+
+    def reflect_input_pcm24(self, audio: str) -> None:
+        self._put({"type": "session.input_audio.append", "audio": audio})
 
     def _put(self, item: Any) -> None:
         if self.dropped:
@@ -109,14 +125,14 @@ async def serve_attach(websocket: WebSocket, links: dict[str, Any], session_id: 
         return
     dialect = link.protocol.dialect
     sideband = Sideband(websocket, dialect.input_format, dialect.ms)
-    link.sidebands.append(sideband)
+    link.live_sidebands.append(sideband)
     dialect.observers.append(sideband.observe)
     writer = asyncio.create_task(sideband.writer(), name=f"{session_id}:sideband-writer")
     reader = asyncio.create_task(_read(websocket, link), name=f"{session_id}:sideband-reader")
     try:
         await asyncio.wait([writer, reader], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        link.sidebands.remove(sideband)
+        link.live_sidebands.remove(sideband)
         dialect.observers.remove(sideband.observe)
         for task in (writer, reader):
             task.cancel()

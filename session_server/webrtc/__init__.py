@@ -5,6 +5,8 @@
   `POST /v1/realtime/client_secrets` (ephemeral `ek_` keys, registered as a key validator);
 - the browser page at `/` and `/playground` (clients/web, from package data);
 - the sideband: `GET /v1/realtime?call_id=...` attaches a WebSocket to a live call (sideband.py);
+- Live sessions over WebRTC (live_calls.py): `app.state.live_webrtc`, for the `POST
+  /v1/live/sessions` and `.../fork` routes of realtime/live_websocket.py;
 - a shutdown step that ends every call (peer connections closed) before the runtime stops.
 
 Without aiortc and PyAV installed (availability.py) the server starts all the same: the call
@@ -51,6 +53,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         await serve_sideband(websocket, state, calls, call_id)
 
     app.state.attach_to_call = attach_to_call  # `GET /v1/realtime?call_id=` (realtime/websocket.py)
+    from session_server.webrtc.live_calls import LiveWebRTC
+
+    app.state.live_webrtc = LiveWebRTC(state, config, calls)  # Live over WebRTC (realtime/live_websocket.py)
 
     serve_app = app.router.lifespan_context
 

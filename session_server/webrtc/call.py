@@ -77,6 +77,9 @@ CLOSE_FLUSH_S = 1.0
 
 
 class Call:
+    # The data channel that carries the events (None: the first one the client opens, whatever its label).
+    events_channel: str | None = EVENTS_CHANNEL
+
     def __init__(self, call_id: str, protocol: RealtimeProtocol, config: WebRTCConfig, on_closed=lambda call: None, metrics: Any = None):
         self.id = call_id
         self.metrics = metrics  # anything with `first_audio(transport, seconds)` (session_server.metrics)
@@ -160,8 +163,8 @@ class Call:
     # ------------------------------------------------------------------ peer connection events
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label != EVENTS_CHANNEL or self.channel is not None:
-            channel.close()  # only the one `oai-events` channel is part of the protocol
+        if self.channel is not None or self.events_channel not in (None, channel.label):
+            channel.close()  # only the one events channel (`oai-events`) is part of the protocol
             return
         self.channel = channel
         channel.on("message", self.receive_client_message)
@@ -274,7 +277,11 @@ class Call:
                 return
             samples = converter.convert(frame)
             if samples.size:
-                self.apply(self.protocol.receive_audio(samples, INPUT_RATE))
+                self.apply(self.protocol.receive_audio(self.heard(samples), INPUT_RATE))
+
+    def heard(self, samples: Any) -> Any:
+        """What the model hears of the track's audio (a Live call's mute makes it silence)."""
+        return samples
 
     async def _feeder(self) -> None:
         while True:

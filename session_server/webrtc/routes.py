@@ -191,16 +191,21 @@ async def _read_offer(request: Request) -> tuple[str, dict[str, Any]]:
             f"Send the SDP offer as application/sdp, or multipart/form-data with `sdp` and `session`; got {content_type!r}.",
             "unsupported_content_type",
         )
+    check_sdp_text(sdp, "sdp")
+    return sdp, session
+
+
+def check_sdp_text(sdp: Any, param: str) -> None:
+    """The cheap checks of an offer's text, before anything is allocated for it."""
     if not isinstance(sdp, str) or not sdp.strip():
-        raise CallRefused(400, "The request carries no SDP offer.", "missing_required_parameter", "sdp")
+        raise CallRefused(400, "The request carries no SDP offer.", "missing_required_parameter", param)
     if len(sdp) > MAX_OFFER_BYTES:
-        raise CallRefused(413, f"The SDP offer is larger than {MAX_OFFER_BYTES} bytes.", "invalid_offer", "sdp")
+        raise CallRefused(413, f"The SDP offer is larger than {MAX_OFFER_BYTES} bytes.", "invalid_offer", param)
     lines = [line.strip() for line in sdp.strip().splitlines()]
     if lines[0] != "v=0":
-        raise CallRefused(400, "The body is not an SDP offer (it must start with `v=0`).", "invalid_offer", "sdp")
+        raise CallRefused(400, "The body is not an SDP offer (it must start with `v=0`).", "invalid_offer", param)
     if not any(line.startswith("m=audio ") for line in lines):
-        raise CallRefused(400, "The SDP offer has no audio m-line; a realtime call needs one audio track.", "missing_audio", "sdp")
-    return sdp, session
+        raise CallRefused(400, "The SDP offer has no audio m-line; a realtime call needs one audio track.", "missing_audio", param)
 
 
 def _check_model(state: ServerState, requested: Any) -> None:
@@ -241,7 +246,11 @@ async def _initial_config(protocol: RealtimeProtocol, session: dict[str, Any]) -
         raise CallRefused(400, "The session config is nested too deeply.", "invalid_json", "session") from None
 
 
-async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegistry, call_id: str, protocol: RealtimeProtocol, offer: str) -> str:
+async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegistry, call_id: str, protocol: RealtimeProtocol, offer: str,
+                      call_type: Any = None, on_closed: Any = None, begin: Any = None) -> str:
+    """Open the graph session, answer the offer and start the call. `call_type` (Call), `on_closed`
+    (more to do when it ends) and `begin(call)` (run once it started, before any client event:
+    a Live call's start, live_calls.py) are for the Live adapter."""
     try:
         graph = await state.runtime.open_session(protocol.session_id, "realtime", protocol.graph_config())
     except SessionRejected as rejected:
@@ -252,8 +261,10 @@ async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegis
         state.sessions.forget(call)
         if call.trace is not None:
             call.trace.close()
+        if on_closed is not None:
+            on_closed(call)
 
-    call = Call(call_id, protocol, config, on_closed=closed, metrics=state.metrics)
+    call = (call_type or Call)(call_id, protocol, config, on_closed=closed, metrics=state.metrics)
     calls.add(call)
     try:
         answer = await call.answer(offer)
@@ -270,5 +281,7 @@ async def _start_call(state: ServerState, config: WebRTCConfig, calls: CallRegis
     if state.tracing is not None:
         call.trace = state.tracing.session(protocol.session_id, "webrtc", protocol.usage)
     call.start(graph)
+    if begin is not None:
+        begin(call)
     log.info("call %s: session %s answered", call_id, protocol.session_id)
     return answer

@@ -42,7 +42,7 @@ async def refused(client: RawClient, event: dict) -> dict:
     ({"model": "gpt-4o"}, "model_not_found", "session.model"),
     ({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {"model": "gpt-5"}}}, "unsupported", "session.delegation.type"),
     ({"model": "gpt-live-1", "triggers": [{"type": "input_transcript"}]}, "unsupported", "session.triggers"),
-    ({"model": "gpt-live-1", "store": True}, "unsupported", "session.store"),
+    ({"model": "gpt-live-1", "client": {"data_channel": {"allowed_client_events": "all"}}}, "unsupported", "session.client"),
     ({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": 44100}}}, "invalid_value", "session.audio.format.rate"),
 ])
 async def test_a_session_start_the_server_cannot_honour_is_refused_and_a_good_one_still_starts(session, code, param):
@@ -119,18 +119,26 @@ async def test_live_events_on_the_realtime_endpoint_get_coded_errors():
             await client.until("session.updated")
 
 
-async def test_an_unknown_sideband_fork_and_webrtc_get_coded_errors():
+async def test_an_unknown_sideband_fork_a_bad_webrtc_offer_and_sip_get_coded_errors():
     async with server() as srv:
         async with live_socket(srv, "/v1/live/sessions/sess_x/attach") as ws:
             refusal = await RawClient(ws).recv()
+        async with live_socket(srv, "/v1/live/sessions/sess_x/fork") as ws:
+            fork_refusal = await RawClient(ws).recv()
         headers = {"Authorization": f"Bearer {API_KEY}"}
         async with httpx.AsyncClient(base_url=srv.base_url, headers=headers) as http:
             created = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"},
                                                                  "transport": {"type": "webrtc", "sdp": "v=0"}})
-            fork = await http.post("/v1/live/sessions/sess_x/fork", json={})
+            sip = await http.post("/v1/live/sessions", json={"session": {"model": "gpt-live-1"}, "transport": {"type": "sip"}})
+            fork = await http.post("/v1/live/sessions/sess_x/fork", json={"transport": {"type": "webrtc", "sdp": "v=0"}})
+            accept = await http.post("/v1/live/sessions/sess_x/accept", json={})
     assert (refusal["type"], refusal["error"]["code"]) == ("error", "session_not_found")
-    assert (created.status_code, created.json()["error"]["code"]) == (501, "unsupported")
-    assert (fork.status_code, fork.json()["error"]["code"]) == (501, "unsupported")
+    assert (fork_refusal["type"], fork_refusal["error"]["code"]) == ("error", "session_not_found")
+    assert (created.status_code, created.json()["error"]["code"], created.json()["error"]["param"]) == (
+        400, "missing_audio", "transport.sdp")
+    assert (sip.status_code, sip.json()["error"]["code"], sip.json()["error"]["param"]) == (400, "invalid_value", "transport.type")
+    assert (fork.status_code, fork.json()["error"]["code"]) == (404, "session_not_found")
+    assert (accept.status_code, accept.json()["error"]["code"]) == (501, "unsupported")
 
 
 async def test_a_server_without_realtime_refuses_the_live_handshake_naming_the_flag():

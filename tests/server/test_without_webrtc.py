@@ -1,5 +1,6 @@
 """A server on a machine without aiortc and PyAV (a GPU image carrying only the wheels that fit)
-starts, serves WebSocket sessions' routes, and answers WebRTC calls 501 `webrtc_unavailable`."""
+starts, serves WebSocket sessions' routes, and answers WebRTC calls (Realtime and Live) 501
+`webrtc_unavailable`."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ async def main():
     seen = {"formats": list(encode.RESPONSE_FORMATS)}
     async with running_server(relay_sink_profile()) as server:
         async with http_client(server) as client:
-            for name, path in [("call", "/v1/realtime/calls"), ("hangup", "/v1/realtime/calls/rtc_1/hangup")]:
+            for name, path in [("call", "/v1/realtime/calls"), ("hangup", "/v1/realtime/calls/rtc_1/hangup"),
+                               ("live", "/v1/live/sessions")]:
                 response = await client.post(path, content=b"v=0", headers={"content-type": "application/sdp"})
                 seen[name] = [response.status_code, response.json()["error"]]
             secret = await client.post("/v1/realtime/client_secrets", json={})
@@ -50,7 +52,7 @@ def _run_without_webrtc() -> dict:
 def test_the_server_starts_and_refuses_calls_with_webrtc_unavailable():
     seen = _run_without_webrtc()
     assert seen["health"] == 200 and seen["imported"] == []
-    for route in ("call", "hangup"):
+    for route in ("call", "hangup", "live"):  # a Live session over WebRTC too (webrtc/live_calls.py)
         status, error = seen[route]
         assert status == 501
         assert error["code"] == "webrtc_unavailable"
