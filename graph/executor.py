@@ -67,6 +67,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from graph.load import ComputeLoad
+
 if TYPE_CHECKING:
     from graph.unit_trace import UnitTrace
 
@@ -120,6 +122,8 @@ class ComputePool:
             raise ValueError("a compute pool needs zero (inline) or more threads")
         self._calls: list[_Entry] = []
         self.busy_s = 0.0  # seconds units have run, all workers together
+        # Step-time averages and busy share, for admission by load (graph/load.py).
+        self.load = ComputeLoad()
         self.trace: UnitTrace | None = None  # records every unit when set (graph/unit_trace.py)
         self._order = itertools.count()
         self._ready = threading.Condition()
@@ -255,8 +259,10 @@ class ComputePool:
 
     def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
         trace = self.trace
-        if trace is not None:  # what the unit is, read before the call takes its item apart
-            name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
+        # What the unit is, read before the call takes its item apart.
+        name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
+        first_audio = any(p.phase == "first" for p in batch)
+        if trace is not None:
             phases = [p.phase for p in batch]
             cpu_started = time.thread_time()
         started = time.perf_counter()
@@ -269,6 +275,7 @@ class ComputePool:
                 self._ready.notify_all()  # its queued items may be the most urgent now
         ended = time.perf_counter()
         self.busy_s += ended - started
+        self.load.record(name, started, ended, first_audio)
         if trace is not None:
             trace.unit(started, ended, time.thread_time() - cpu_started, name, phases)
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
