@@ -42,7 +42,7 @@ from graph.load import EngineLoads, LoadSnapshot
 from graph.messages import AudioChunk, Close, Control, Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.session import belongs_to
-from graph.runtime import admit, validated_spec, wait_for_slot
+from graph.runtime import admit, capacity_of, validated_spec, wait_for_slot
 from graph.spec import GraphSpec
 from graph.wire import CREDIT, Link, LinkClosed, Window, credit_delay_s
 
@@ -208,11 +208,12 @@ class EngineHandle:
         self.load = EngineLoads()
         self.ready = True
 
-    def capacity(self, limits: SessionLimits) -> int:
-        """Live sessions this engine may host: the per-engine cap, or the rows its KV allocated at
-        start holds if fewer."""
-        rows = self.facts.get("kv_rows")
-        return limits.effective_max_sessions if rows is None else min(limits.effective_max_sessions, rows)
+    def capacity(self, limits: SessionLimits, kind: str = "realtime") -> int:
+        """Sessions of `kind` this engine may host (graph/runtime.py `capacity_of`)."""
+        return capacity_of(limits, kind, self.facts.get("kv_rows"), self.count)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for session in self.sessions.values() if session.kind == kind)
 
     async def request_open(self, session: RemoteSession, config: dict[str, Any] | None, inputs: list[str] | None,
                            output_window: int) -> None:
@@ -364,6 +365,7 @@ class EngineRuntime:
     def capacity(self, kind: str) -> int:
         if kind != "realtime":
             return self.limits.max_speech_sessions
+        # Each engine's cap and KV rows, the safety cap for the whole server.
         engines = [engine for engine in self.engines if engine.ready] or self.engines
         return min(self.limits.max_sessions, sum(engine.capacity(self.limits) for engine in engines))
 
@@ -388,7 +390,7 @@ class EngineRuntime:
 
     def _open_engines(self) -> list[EngineHandle]:
         """Ready engines with a free row for a live session."""
-        return [e for e in self.engines if e.ready and sum(s.kind == "realtime" for s in e.sessions.values()) < e.capacity(self.limits)]
+        return [e for e in self.engines if e.ready and e.count("realtime") < e.capacity(self.limits)]
 
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)

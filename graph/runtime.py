@@ -20,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from graph import registry
 from graph.errors import SessionRejected
 from graph.executor import PRIORITY_IDLE, ComputePool
+from graph.limits import SessionLimits
 from graph.load import LoadSnapshot, first_audio_estimate_s
 from graph.messages import ReplyParams, Turn, TurnDone
 from graph.metrics import GraphMetrics
@@ -154,10 +155,7 @@ class GraphRuntime:
             await session.close("warmup_done")
 
     def capacity(self, kind: str) -> int:
-        if kind != "realtime":
-            return self.limits.max_speech_sessions
-        rows = self.kv_rows()
-        return self.limits.effective_max_sessions if rows is None else min(self.limits.effective_max_sessions, rows)
+        return capacity_of(self.limits, kind, self.kv_rows(), self.count)
 
     def kv_rows(self) -> int | None:
         """Live sessions the nodes' KV allocated at start holds (the fewest rows of any node's
@@ -303,6 +301,16 @@ async def wait_for_slot(runtime: Any, kind: str) -> None:
     deadline = time.monotonic() + SLOT_WAIT_S
     while runtime.count(kind) >= runtime.capacity(kind) and time.monotonic() < deadline and not runtime.shutting_down:
         await asyncio.sleep(0.01)
+
+
+def capacity_of(limits: SessionLimits, kind: str, kv_rows: int | None, count: Callable[[str], int]) -> int:
+    """Sessions of `kind` one runtime may host: its caps, and where its KV was allocated at start,
+    the rows the sessions of the other kind leave (live sessions and speech requests both hold a
+    row while they run)."""
+    cap = limits.effective_max_sessions if kind == "realtime" else limits.max_speech_sessions
+    if kv_rows is None:
+        return cap
+    return max(0, min(cap, kv_rows - count("speech" if kind == "realtime" else "realtime")))
 
 
 def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:

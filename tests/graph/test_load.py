@@ -190,3 +190,33 @@ class _Live:
 
 def test_engine_handles_start_with_no_report():
     assert EngineHandle(0, None).load.snapshot is None
+
+
+async def test_a_nodes_kv_rows_allocated_at_start_cap_the_sessions_a_runtime_admits():
+    profile = relay_sink_profile()
+    profile["limits"]["max_sessions"] = 100
+    runtime = await started(profile)
+    try:
+        runtime.nodes["sink"].kv_rows = lambda: 2  # type: ignore[method-assign]
+        assert runtime.capacity("realtime") == 2
+        await runtime.open_session("a")
+        await runtime.open_session("b")
+        with pytest.raises(SessionRejected) as refused:
+            await runtime.open_session("c")
+        assert refused.value.code == "session_limit_reached"
+    finally:
+        await runtime.stop(0)
+
+
+async def test_speech_requests_and_live_sessions_share_the_rows_allocated_at_start():
+    profile = relay_sink_profile()
+    profile["limits"]["max_sessions"] = 100
+    runtime = await started(profile)
+    try:
+        runtime.nodes["sink"].kv_rows = lambda: 3  # type: ignore[method-assign]
+        await runtime.open_session("speech", kind="speech")
+        assert runtime.capacity("realtime") == 2 and runtime.capacity("speech") == 3
+        await runtime.open_session("live")
+        assert runtime.capacity("speech") == 2
+    finally:
+        await runtime.stop(0)
