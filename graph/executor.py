@@ -212,6 +212,7 @@ class ComputePool:
             if self._closed:
                 raise RuntimeError(closed_message)
             pending.release = current_release.get()
+            pending.priority = urgency
             phase = current_phase.get()  # the batchers read it (`_first_audio_alone`), as does a trace
             pending.phase = "other" if phase is None else phase()
             heapq.heappush(queue, (urgency, submission_due() if due is None else due, next(self._order), pending))
@@ -262,6 +263,9 @@ class ComputePool:
         # What the unit is, read before the call takes its item apart.
         name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
         first_audio = any(p.phase == "first" for p in batch)
+        # Only live sessions' units are the load a live turn waits behind (speech requests and
+        # keep-warm give way to it: graph/load.py).
+        live = any(p.priority <= PRIORITY_REALTIME for p in batch)
         if trace is not None:
             phases = [p.phase for p in batch]
             cpu_started = time.thread_time()
@@ -275,7 +279,8 @@ class ComputePool:
                 self._ready.notify_all()  # its queued items may be the most urgent now
         ended = time.perf_counter()
         self.busy_s += ended - started
-        self.load.record(name, started, ended, first_audio)
+        if live:
+            self.load.record(name, started, ended, first_audio)
         if trace is not None:
             trace.unit(started, ended, time.thread_time() - cpu_started, name, phases)
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
@@ -414,7 +419,7 @@ def _deliver(pending: _Pending, result: Any) -> None:
 
 
 class _Pending:
-    __slots__ = ("item", "future", "loop", "queued_at", "release", "phase")
+    __slots__ = ("item", "future", "loop", "queued_at", "release", "phase", "priority")
 
     def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
         self.item = item
@@ -423,6 +428,7 @@ class _Pending:
         self.queued_at = time.monotonic()
         self.release: Callable[[], float] | None = None
         self.phase = "other"
+        self.priority = PRIORITY_REALTIME
 
 
 class Batcher(Generic[Item, Result]):

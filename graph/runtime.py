@@ -27,7 +27,7 @@ from graph import registry
 from graph.errors import SessionRejected
 from graph.executor import PRIORITY_IDLE, ComputePool
 from graph.limits import SessionLimits
-from graph.load import LoadSnapshot, first_audio_estimate_s
+from graph.load import ComputeLoad, LoadSnapshot, first_audio_estimate_s
 from graph.messages import ReplyParams, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeContext, SessionInfo
@@ -99,6 +99,7 @@ class GraphRuntime:
         if self.spec.compute_keep_warm_s is not None:
             units = [unit for node in self.nodes.values() if (unit := node.keep_warm()) is not None]
             self._warmer = asyncio.create_task(self._keep_warm(units, self.spec.compute_keep_warm_s), name="keep-warm")
+        self.compute.load = ComputeLoad()  # the load of serving starts now: loading and warm-ups are not it
         self.ready = True
 
     async def _keep_warm(self, units: list[Any], interval_s: float) -> None:
@@ -311,6 +312,16 @@ def capacity_of(limits: SessionLimits, kind: str, kv_rows: int | None, count: Ca
     if kv_rows is None:
         return cap
     return max(0, min(cap, kv_rows - count("speech" if kind == "realtime" else "realtime")))
+
+
+def free_slots(runtime: Any) -> int:
+    """Live sessions `runtime` (a GraphRuntime or an EngineRuntime) could admit now: its free
+    rows, or none while it is too busy for the first-audio goal (what `/ready` and the free-slots
+    gauge read, so that a proxy or an autoscaler sees a busy replica as full)."""
+    goal = runtime.limits.first_audio_goal_s
+    if goal is not None and runtime.first_audio_estimate_s() > goal:
+        return 0
+    return max(0, runtime.capacity("realtime") - runtime.count("realtime"))
 
 
 def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:

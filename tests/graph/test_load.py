@@ -13,7 +13,7 @@ from graph.engine_client import EngineHandle, EngineRuntime
 from graph.errors import SessionRejected
 from graph.limits import SessionLimits
 from graph.load import MAX_BUSY, ComputeLoad, EngineLoads, LoadSnapshot, admits, first_audio_estimate_s
-from graph.runtime import GraphRuntime, validated_spec
+from graph.runtime import GraphRuntime, free_slots, validated_spec
 from tests.graph.fakes import relay_sink_profile
 
 
@@ -218,5 +218,17 @@ async def test_speech_requests_and_live_sessions_share_the_rows_allocated_at_sta
         assert runtime.capacity("realtime") == 2 and runtime.capacity("speech") == 3
         await runtime.open_session("live")
         assert runtime.capacity("speech") == 2
+    finally:
+        await runtime.stop(0)
+
+
+async def test_a_runtime_too_busy_for_the_goal_has_no_free_slot_for_ready_to_read():
+    profile = relay_sink_profile()
+    profile["limits"].update(max_sessions=100, first_audio_goal_ms=50)
+    runtime = await started(profile)
+    try:
+        assert free_slots(runtime) == 100
+        runtime.first_audio_estimate_s = lambda: 0.2  # type: ignore[method-assign]
+        assert free_slots(runtime) == 0
     finally:
         await runtime.stop(0)
