@@ -50,7 +50,14 @@ def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None
     # A bench measures the load it asks for, past the point where admission by load would refuse it.
     limits["first_audio_goal_ms"] = None
     if limits.get("kv_tokens") and limits.get("max_seq_len"):
-        limits["kv_tokens"] = max(int(limits["kv_tokens"]), max_sessions * int(limits["max_seq_len"]))
+        needed = max_sessions * int(limits["max_seq_len"])
+        if needed > int(limits["kv_tokens"]):
+            limits["kv_tokens"] = needed
+            # A budget raised for admission is not memory the device has: the KV caches grow with
+            # what the levels use instead of holding every row of the longest context from the start.
+            for resource in profile.get("resources", {}).values():
+                if isinstance(resource, dict) and resource.get("type") == "qwen3_omni.model":
+                    resource.setdefault("params", {})["kv_cache"] = "grow"
     # The server binds 127.0.0.1 and so does the harness's WebRTC client: media stays on loopback.
     webrtc = profile.get("webrtc")
     profile["webrtc"] = {**(webrtc if isinstance(webrtc, dict) else {}), "candidates": "loopback"}

@@ -27,6 +27,13 @@ def test_a_kv_budget_grows_with_the_sessions_so_admission_does_not_refuse_them(t
     assert limits["max_sessions"] == 16 and limits["kv_tokens"] == 16 * 500
 
 
+def test_a_kv_budget_raised_past_the_profiles_makes_its_caches_grow_instead_of_allocating_it_at_start():
+    profile = bench_profile("qwen3_omni_session_h200.yaml", max_sessions=64)
+    assert profile["limits"]["kv_tokens"] == 64 * 32768
+    assert profile["resources"]["omni"]["params"]["kv_cache"] == "grow"
+    assert "kv_cache" not in bench_profile("qwen3_omni_session_h200.yaml", max_sessions=8)["resources"]["omni"]["params"]
+
+
 def test_the_harness_starts_a_healthy_server_and_stops_it(tmp_path):
     path = tmp_path / "fake.yaml"
     path.write_text(yaml.safe_dump(realtime_profile()))
