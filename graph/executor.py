@@ -263,6 +263,7 @@ class ComputePool:
         # What the unit is, read before the call takes its item apart.
         name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
         first_audio = any(p.phase == "first" for p in batch)
+        reply = any(p.phase != "other" for p in batch)  # a reply-side stage's (PlaybackClock.phase)
         # Only live sessions' units are the load a live turn waits behind (speech requests and
         # keep-warm give way to it: graph/load.py).
         live = any(p.priority <= PRIORITY_REALTIME for p in batch)
@@ -280,7 +281,7 @@ class ComputePool:
         ended = time.perf_counter()
         self.busy_s += ended - started
         if live:
-            self.load.record(name, started, ended, first_audio)
+            self.load.record(name, started, ended, first_audio, reply)
         if trace is not None:
             trace.unit(started, ended, time.thread_time() - cpu_started, name, phases)
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not

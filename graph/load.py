@@ -10,12 +10,14 @@ made from what the engine measures of its own compute, never from a fixed sessio
   averages: of each stage's step duration on a turn's first-audio path (units that served a
   turn waiting for its first audio: the playback clock's phase `first`), of the duration of any
   unit (how long a new turn's unit waits, at most, for the one running), and of the busy share
-  of its time (busy seconds over wall seconds, both decayed with a time constant of `busy_tau_s`).
+  of its time (busy seconds over wall seconds, both decayed with a time constant of `busy_tau_s`),
+  in all and of the reply side's units alone (the stages that follow playback: what speaking
+  sessions cost, where the VAD of every listening session is the rest).
 - `LoadSnapshot` is what an engine reports of it (plain numbers, sent to the server with its
   stats), with the number of its sessions speaking (a reply in flight).
-- `first_audio_estimate_s` reads a snapshot: with `S` sessions speaking at busy share `u`, one
-  more speaker costs what one of them costs now (`u / S`), so the share becomes `u' = u (S + 1)
-  / S`. A new turn's first audio then takes its own path (the sum of the first-audio stages'
+- `first_audio_estimate_s` reads a snapshot: with `S` sessions speaking, whose replies keep the
+  engine busy a share `r` of its time (of `u` in all), one more speaker costs what one of them
+  costs now (`r / S`), so the share becomes `u' = u + r / S`. A new turn's first audio then takes its own path (the sum of the first-audio stages'
   step averages) plus, before each of those steps, the queue a busy single server makes a unit
   wait: `u' / (1 - u')` mean units (the M/M/1 waiting time). Past `MAX_BUSY` the engine could
   not keep its speakers in real time at all: the estimate is infinite.
@@ -63,6 +65,7 @@ class LoadSnapshot(msgspec.Struct, frozen=True):
     first_audio_steps: int = 0  # how many stages that path has
     step_s: float = 0.0  # the average duration of any unit of compute
     busy: float = 0.0  # the share of recent wall time the compute was busy
+    reply_busy: float = 0.0  # of it, serving replies (what speaking sessions cost)
     speaking: int = 0  # sessions with a reply in flight
 
 
@@ -76,17 +79,21 @@ class ComputeLoad:
         self.first_audio: dict[str, Ewma] = {}
         self.step = Ewma(alpha)
         self._busy_s = 0.0  # decayed busy seconds
+        self._reply_busy_s = 0.0  # of those, serving replies
         self._wall_s = 0.0  # decayed wall seconds
         self._last: float | None = None  # when the last unit ended
 
-    def record(self, stage: str, started: float, ended: float, first_audio: bool = False) -> None:
-        """One unit of `stage` ran from `started` to `ended` (seconds on one clock)."""
+    def record(self, stage: str, started: float, ended: float, first_audio: bool = False, reply: bool | None = None) -> None:
+        """One unit of `stage` ran from `started` to `ended` (seconds on one clock); `reply`: it
+        served a reply (default: when it served a first audio)."""
         seconds = max(ended - started, 0.0)
         self.step.add(seconds)
         if first_audio:
             self.first_audio.setdefault(stage, Ewma(self.alpha)).add(seconds)
         self._advance(ended)
         self._busy_s += seconds
+        if first_audio if reply is None else reply:
+            self._reply_busy_s += seconds
 
     def _advance(self, now: float) -> None:
         if self._last is None:
@@ -95,22 +102,25 @@ class ComputeLoad:
         elapsed = max(now - self._last, 0.0)
         decay = math.exp(-elapsed / self.busy_tau_s)
         self._busy_s *= decay
+        self._reply_busy_s *= decay
         self._wall_s = self._wall_s * decay + elapsed
         self._last = now
 
-    def busy(self, now: float) -> float:
-        """The decayed busy share as of `now` (idle time since the last unit counts as idle)."""
+    def busy(self, now: float, reply: bool = False) -> float:
+        """The decayed busy share as of `now` (idle time since the last unit counts as idle); of
+        the units serving replies only with `reply`."""
         if self._last is None:
             return 0.0
         elapsed = max(now - self._last, 0.0)
         decay = math.exp(-elapsed / self.busy_tau_s)
         wall = self._wall_s * decay + elapsed
-        return min(1.0, self._busy_s * decay / wall) if wall > 0 else 0.0
+        busy = self._reply_busy_s if reply else self._busy_s
+        return min(1.0, busy * decay / wall) if wall > 0 else 0.0
 
     def snapshot(self, now: float, speaking: int) -> LoadSnapshot:
         path = [ewma.value for ewma in self.first_audio.values() if ewma.value is not None]
         return LoadSnapshot(first_audio_path_s=sum(path), first_audio_steps=len(path), step_s=self.step.value or 0.0,
-                            busy=self.busy(now), speaking=speaking)
+                            busy=self.busy(now), reply_busy=self.busy(now, reply=True), speaking=speaking)
 
 
 def first_audio_estimate_s(load: LoadSnapshot, newcomers: int = 1) -> float:
@@ -119,7 +129,7 @@ def first_audio_estimate_s(load: LoadSnapshot, newcomers: int = 1) -> float:
     speakers = load.speaking
     busy = load.busy
     if speakers > 0:
-        busy = busy * (speakers + newcomers) / speakers
+        busy += load.reply_busy * newcomers / speakers
     if busy >= MAX_BUSY:
         return math.inf
     waits = max(load.first_audio_steps, 1) * busy / (1.0 - busy) * load.step_s

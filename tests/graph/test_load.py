@@ -68,9 +68,9 @@ def test_an_idle_engine_admits_and_estimates_its_bare_first_audio_path():
 
 
 def test_one_more_speaker_costs_what_each_speaker_costs_now():
-    # 4 speakers keep the engine 60% busy: a fifth makes it 75%; a turn's 5 first-audio steps
-    # (20 ms together) each wait u/(1-u) = 3 mean units of 2 ms.
-    snapshot = LoadSnapshot(first_audio_path_s=0.020, first_audio_steps=5, step_s=0.002, busy=0.6, speaking=4)
+    # 4 speakers' replies keep the engine 60% busy: a fifth makes it 75%; a turn's 5 first-audio
+    # steps (20 ms together) each wait u/(1-u) = 3 mean units of 2 ms.
+    snapshot = LoadSnapshot(first_audio_path_s=0.020, first_audio_steps=5, step_s=0.002, busy=0.6, reply_busy=0.6, speaking=4)
     assert first_audio_estimate_s(snapshot) == pytest.approx(0.020 + 5 * 3 * 0.002)
     assert admits(snapshot, goal_s=0.050)
     assert not admits(snapshot, goal_s=0.040)
@@ -78,22 +78,40 @@ def test_one_more_speaker_costs_what_each_speaker_costs_now():
 
 
 def test_the_estimate_grows_with_the_speakers_until_the_engine_could_not_keep_up():
-    estimates = [first_audio_estimate_s(LoadSnapshot(0.02, 5, 0.002, busy=0.1 * n, speaking=n)) for n in range(1, 9)]
+    estimates = [first_audio_estimate_s(LoadSnapshot(0.02, 5, 0.002, busy=0.1 * n, reply_busy=0.1 * n, speaking=n))
+                 for n in range(1, 9)]
     assert estimates == sorted(estimates)
     # 9 speakers at 90% busy: a tenth would need 100% of the engine.
-    saturated = LoadSnapshot(0.02, 5, 0.002, busy=0.9, speaking=9)
+    saturated = LoadSnapshot(0.02, 5, 0.002, busy=0.9, reply_busy=0.9, speaking=9)
     assert 0.9 * 10 / 9 >= MAX_BUSY and first_audio_estimate_s(saturated) == math.inf
     assert not admits(saturated, goal_s=10.0)
+
+
+def test_what_listening_sessions_cost_does_not_grow_with_one_more_speaker():
+    # 1 speaker's reply is 10% of the engine; the VAD of many listening sessions another 40%.
+    listening = LoadSnapshot(0.02, 5, 0.002, busy=0.5, reply_busy=0.1, speaking=1)
+    assert first_audio_estimate_s(listening) == pytest.approx(0.02 + 5 * (0.6 / 0.4) * 0.002)
+
+
+def test_the_reply_share_counts_the_units_that_served_replies():
+    load = ComputeLoad(busy_tau_s=1.0)
+    t = 0.0
+    while t < 10.0:
+        load.record("silero_vad", t, t + 0.004)  # listening: not a reply's
+        load.record("talker", t + 0.005, t + 0.007, reply=True)
+        t += 0.010
+    assert load.busy(t) == pytest.approx(0.6, abs=0.02)
+    assert load.busy(t, reply=True) == pytest.approx(0.2, abs=0.02)
 
 
 def test_sessions_admitted_since_the_last_report_count_as_speakers():
     loads = EngineLoads()
     assert loads.admits(0.001)  # nothing reported yet: nothing measured to refuse on
-    loads.report(LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.4, speaking=4))
+    loads.report(LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.4, reply_busy=0.4, speaking=4))
     alone = loads.estimate_s()
     loads.admitted_since = 2
     assert loads.estimate_s() > alone
-    loads.report(LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.4, speaking=4))
+    loads.report(LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.4, reply_busy=0.4, speaking=4))
     assert loads.admitted_since == 0 and loads.estimate_s() == alone
 
 
@@ -158,7 +176,7 @@ def two_engine_runtime(**limits) -> EngineRuntime:
     return EngineRuntime(validated_spec(profile), profile)
 
 
-BUSY = LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.85, speaking=8)
+BUSY = LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.85, reply_busy=0.85, speaking=8)
 IDLE = LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.002, busy=0.05, speaking=0)
 
 
