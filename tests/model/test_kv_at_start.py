@@ -109,3 +109,31 @@ def test_the_talkers_kv_at_start_never_moves_over_replies_and_gives_the_growing_
     assert len(got) == len(expected) > 0
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     assert (slots.cache.slots, slots.cache.capacity) == (2, 512) and slots.cache.rows_in_use == 0
+
+
+async def test_a_runtime_whose_model_allocates_kv_at_start_admits_no_more_sessions_than_both_caches_hold(tiny_checkpoint):
+    from graph.runtime import GraphRuntime
+
+    profile = {
+        "model_id": "test",
+        "imports": ["nodes.qwen3_omni.model", "nodes.thinker", "nodes.talker"],
+        "resources": {"omni": {"type": "qwen3_omni.model", "params": {"path": str(tiny_checkpoint), "kv_cache": "preallocate",
+                                                                     "max_seq_len": 512}}},
+        "nodes": {"thinker": {"type": "qwen3_omni.thinker", "params": {"resource": "omni", "warmup": False}},
+                  "talker": {"type": "qwen3_omni.talker", "params": {"resource": "omni", "max_reply_frames": 64}}},
+        "edges": ["thinker.hidden -> talker.hidden"],
+        "inputs": {"embeddings": "thinker.embeddings"},
+        "outputs": ["thinker.text", "talker.codes"],
+        "limits": {"max_sessions": 100, "kv_tokens": 3 * 512, "max_seq_len": 512},
+    }
+    runtime = GraphRuntime.from_config(profile)
+    await runtime.start()
+    try:
+        thinker, talker = runtime.nodes["thinker"], runtime.nodes["talker"]
+        cache = thinker.executor.runner.cache
+        assert not cache.grow and cache.slots == 3 and cache.capacity >= 512
+        talker_cache = TalkerSlots.for_model(talker.model).cache
+        assert not talker_cache.grow and talker_cache.slots == 3 and talker_cache.capacity >= 512 + 64
+        assert thinker.kv_rows() == talker.kv_rows() == runtime.kv_rows() == runtime.capacity("realtime") == 3
+    finally:
+        await runtime.stop(0)
