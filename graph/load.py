@@ -17,7 +17,8 @@ made from what the engine measures of its own compute, never from a fixed sessio
   stats), with the number of its sessions speaking (a reply in flight).
 - `first_audio_estimate_s` reads a snapshot: with `S` sessions speaking, whose replies keep the
   engine busy a share `r` of its time (of `u` in all), one more speaker costs what one of them
-  costs now (`r / S`), so the share becomes `u' = u + r / S`. A new turn's first audio then takes its own path (the sum of the first-audio stages'
+  costs now (`r / S`), so the share becomes `u' = u + r / S`. With nobody speaking the estimate is
+  the bare path: there is no reply to slow down, and no measure of what a speaker costs. A new turn's first audio then takes its own path (the sum of the first-audio stages'
   step averages) plus, before each of those steps, the queue a busy single server makes a unit
   wait: `u' / (1 - u')` mean units (the M/M/1 waiting time). Past `MAX_BUSY` the engine could
   not keep its speakers in real time at all: the estimate is infinite.
@@ -73,7 +74,8 @@ class ComputeLoad:
     """EWMAs of one compute pool's units (see the module docstring). Not thread-safe: one writer
     (the thread that runs the units), readers take a `snapshot`."""
 
-    def __init__(self, alpha: float = STEP_ALPHA, busy_tau_s: float = BUSY_TAU_S):
+    def __init__(self, alpha: float = STEP_ALPHA, busy_tau_s: float = BUSY_TAU_S, since: float | None = None):
+        """`since`: when it starts watching (idle time from then counts); None: its first unit."""
         self.alpha = alpha
         self.busy_tau_s = busy_tau_s
         self.first_audio: dict[str, Ewma] = {}
@@ -81,12 +83,14 @@ class ComputeLoad:
         self._busy_s = 0.0  # decayed busy seconds
         self._reply_busy_s = 0.0  # of those, serving replies
         self._wall_s = 0.0  # decayed wall seconds
-        self._last: float | None = None  # when the last unit ended
+        self._last: float | None = since  # when the last unit ended (or the watch began)
 
     def record(self, stage: str, started: float, ended: float, first_audio: bool = False, reply: bool | None = None) -> None:
         """One unit of `stage` ran from `started` to `ended` (seconds on one clock); `reply`: it
         served a reply (default: when it served a first audio)."""
         seconds = max(ended - started, 0.0)
+        if self._last is None:
+            self._last = started  # the wall time watched starts with the first unit, not after it
         self.step.add(seconds)
         if first_audio:
             self.first_audio.setdefault(stage, Ewma(self.alpha)).add(seconds)
@@ -127,9 +131,12 @@ def first_audio_estimate_s(load: LoadSnapshot, newcomers: int = 1) -> float:
     """The first audio a turn of a new session would get once it (and `newcomers - 1` others
     admitted since the snapshot) speaks too: seconds, or inf past `MAX_BUSY`."""
     speakers = load.speaking
-    busy = load.busy
-    if speakers > 0:
-        busy += load.reply_busy * newcomers / speakers
+    if speakers == 0:
+        # Nobody speaks: admitting slows no reply down, and nothing measured says what a speaker
+        # costs here (the busy share is the listeners' VAD, or a one-off unit such as a model's
+        # first call). Its turn gets the bare path.
+        return load.first_audio_path_s
+    busy = load.busy + load.reply_busy * newcomers / speakers
     if busy >= MAX_BUSY:
         return math.inf
     waits = max(load.first_audio_steps, 1) * busy / (1.0 - busy) * load.step_s

@@ -99,7 +99,8 @@ class GraphRuntime:
         if self.spec.compute_keep_warm_s is not None:
             units = [unit for node in self.nodes.values() if (unit := node.keep_warm()) is not None]
             self._warmer = asyncio.create_task(self._keep_warm(units, self.spec.compute_keep_warm_s), name="keep-warm")
-        self.compute.load = ComputeLoad()  # the load of serving starts now: loading and warm-ups are not it
+        # The load of serving starts now: loading and warm-ups are not it.
+        self.compute.load = ComputeLoad(since=time.perf_counter())
         self.ready = True
 
     async def _keep_warm(self, units: list[Any], interval_s: float) -> None:

@@ -57,6 +57,16 @@ def test_the_busy_share_is_busy_time_over_wall_time_and_decays_once_idle():
     assert load.busy(end + 20.0) < 0.001
 
 
+def test_one_unit_just_run_counts_its_own_duration_as_watched_time():
+    load = ComputeLoad()
+    load.record("thinker", 1.0, 1.005, first_audio=True)
+    assert load.busy(1.005) == pytest.approx(1.0)  # all of the time watched, but not more
+    assert load.busy(1.010) == pytest.approx(0.5, abs=0.01)
+    watched = ComputeLoad(since=0.0)  # a runtime watching since it was ready, idle until then
+    watched.record("thinker", 1.0, 1.005, first_audio=True)
+    assert watched.busy(1.005) < 0.01
+
+
 def test_an_idle_engine_admits_and_estimates_its_bare_first_audio_path():
     assert first_audio_estimate_s(LoadSnapshot()) == 0.0
     load = ComputeLoad()
@@ -102,6 +112,13 @@ def test_the_reply_share_counts_the_units_that_served_replies():
         t += 0.010
     assert load.busy(t) == pytest.approx(0.6, abs=0.02)
     assert load.busy(t, reply=True) == pytest.approx(0.2, abs=0.02)
+
+
+def test_with_nobody_speaking_a_new_session_slows_no_reply_down_and_is_admitted():
+    # Listening sessions' VAD, or a one-off unit such as a model's first call, keep it busy.
+    busy_listening = LoadSnapshot(first_audio_path_s=0.02, first_audio_steps=5, step_s=0.13, busy=0.99, speaking=0)
+    assert first_audio_estimate_s(busy_listening) == pytest.approx(0.02)
+    assert admits(busy_listening, goal_s=0.15)
 
 
 def test_sessions_admitted_since_the_last_report_count_as_speakers():
