@@ -17,17 +17,18 @@ made from what the engine measures of its own compute, never from a fixed sessio
   stats), with the number of its sessions speaking (a reply in flight).
 - `first_audio_estimate_s` reads a snapshot: with `S` sessions speaking, whose replies keep the
   engine busy a share `r` of its time (of `u` in all), one more speaker costs what one of them
-  costs now (`r / S`), so the share becomes `u' = u + r / S`. With nobody speaking the estimate is
-  the bare path: there is no reply to slow down, and no measure of what a speaker costs. A new turn's first audio then takes its own path (the sum of the first-audio stages'
-  step averages) plus, before each of those steps, the queue a busy single server makes a unit
-  wait: `u' / (1 - u')` mean units (the M/M/1 waiting time). Past `MAX_BUSY` the engine could
-  not keep its speakers in real time at all: the estimate is infinite.
+  costs now (`r / S`), so the share becomes `u' = u + r / S`. A new turn's first audio then
+  takes its own path (the sum of the first-audio stages' step averages) plus, before each of
+  those steps, the queue a busy single server makes a unit wait: `u' / (1 - u')` mean units (the
+  M/M/1 waiting time). Past `MAX_BUSY` the engine could not keep its speakers in real time at
+  all: the estimate is infinite. With nobody speaking the estimate is the bare path: there is no
+  reply to slow down, and no measure of what a speaker costs.
 
 It is an estimate for an admission decision, not a prediction of a percentile: it errs towards
 refusing when the engine is near saturation (the waiting term grows without bound there), and
 towards admitting an idle engine (no first-audio step measured yet: the path counts as zero).
-Sessions admitted since the engine's last report count as speakers, so a burst of openings
-between two reports is not all admitted on the same stale snapshot.
+Sessions admitted since the engine's last report count as newcomers (each adds `r / S`), so a
+burst of openings between two reports is not all admitted on the same stale snapshot.
 """
 
 from __future__ import annotations
