@@ -351,7 +351,9 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
     """Resource factory. params: path (None -> the tiny checkpoint), device (cpu|cuda), dtype
     (float32|bfloat16|float16), system_prompt, the `ReplyBounds` fields, and random_weights
     (a preset of nodes/qwen3_omni/random_presets.py, built on the device instead of loading a
-    path) with random_shrink."""
+    path) with random_shrink, and kv_cache (auto | preallocate | grow: the thinker's and
+    talker's slot caches allocated at start from the profile's limits, or growing on demand;
+    auto: at start on CUDA; nodes/qwen3_omni/slot_cache.py)."""
     bound_fields = set(ReplyBounds.__dataclass_fields__)
     known = {"path", "device", "dtype", "system_prompt", "random_weights", "random_shrink", "kv_cache"} | bound_fields
     unknown = set(params) - known
