@@ -2,8 +2,9 @@
 
 `ManagedServer` runs `python -m session_server.cli serve --enable-realtime --host 127.0.0.1
 --port <free>` with a profile derived from `--config` (the embedded default when none) whose
-`limits.max_sessions` is raised to the largest session count the run needs, so admission does
-not refuse the load it was asked to measure, and whose WebRTC candidates are loopback only. It waits for `/health` to answer 200, and on exit
+`limits.max_sessions` is raised to the largest session count the run needs and whose
+`limits.first_audio_goal_ms` is off, so admission does not refuse the load it was asked to
+measure, and whose WebRTC candidates are loopback only. It waits for `/health` to answer 200, and on exit
 sends SIGTERM (the server drains), then kills it if it has not exited in time. The server's
 log and the profile it served go to files next to the JSON report, not to the table on stdout.
 """
@@ -36,6 +37,7 @@ def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None
     """The profile to serve: `config` (or the embedded default) with room for `max_sessions`;
     `max_seq_len` lowers the thinker's context (every model resource's and `limits.max_seq_len`)."""
     from configs import load_profile
+    from graph.limits import SessionLimits
 
     profile = load_profile(config)
     limits = profile.setdefault("limits", {})
@@ -44,9 +46,18 @@ def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None
         for resource in profile.get("resources", {}).values():
             if isinstance(resource, dict) and resource.get("type") == "qwen3_omni.model":
                 resource.setdefault("params", {})["max_seq_len"] = max_seq_len
-    limits["max_sessions"] = max(int(limits.get("max_sessions", 8)), max_sessions)
+    limits["max_sessions"] = max(int(limits.get("max_sessions", SessionLimits.max_sessions)), max_sessions)
+    # A bench measures the load it asks for, past the point where admission by load would refuse it.
+    limits["first_audio_goal_ms"] = None
     if limits.get("kv_tokens") and limits.get("max_seq_len"):
-        limits["kv_tokens"] = max(int(limits["kv_tokens"]), max_sessions * int(limits["max_seq_len"]))
+        needed = max_sessions * int(limits["max_seq_len"])
+        if needed > int(limits["kv_tokens"]):
+            limits["kv_tokens"] = needed
+            # A budget raised for admission is not memory the device has: the KV caches grow with
+            # what the levels use instead of holding every row of the longest context from the start.
+            for resource in profile.get("resources", {}).values():
+                if isinstance(resource, dict) and resource.get("type") == "qwen3_omni.model":
+                    resource.setdefault("params", {})["kv_cache"] = "grow"
     # The server binds 127.0.0.1 and so does the harness's WebRTC client: media stays on loopback.
     webrtc = profile.get("webrtc")
     profile["webrtc"] = {**(webrtc if isinstance(webrtc, dict) else {}), "candidates": "loopback"}

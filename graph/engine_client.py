@@ -8,7 +8,10 @@ keep the model work. Each engine is a Python interpreter of its own, so the serv
 cores (or GPUs, one per engine with `compute.devices`) as it has engines plus one.
 
 Sessions are spread across engines: a new session goes to the ready engine hosting the fewest
-(data parallel, as vLLM's and SGLang's engine replicas; a session's KV never leaves its engine).
+(data parallel, as vLLM's and SGLang's engine replicas; a session's KV never leaves its engine)
+among those that have a free KV row and, with `limits.first_audio_goal_ms`, whose last reported
+load (graph/load.py; every 0.5 s with the engine's stats) says they can give one more speaking
+session its first audio within the goal. None can: `session_limit_reached`.
 
 An engine that dies (a crash, the OOM killer) ends each of its sessions with the error
 `engine_failed`; the server stays up, starts a new engine in its place, and meanwhile sends new
@@ -25,6 +28,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import socket
 import subprocess
 import sys
@@ -33,10 +37,12 @@ from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from graph.errors import SessionRejected
+from graph.limits import SessionLimits
+from graph.load import EngineLoads, LoadSnapshot
 from graph.messages import AudioChunk, Close, Control, Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.session import belongs_to
-from graph.runtime import admit, validated_spec, wait_for_slot
+from graph.runtime import admit, capacity_of, validated_spec, wait_for_slot
 from graph.spec import GraphSpec
 from graph.wire import CREDIT, Link, LinkClosed, Window, credit_delay_s
 
@@ -168,6 +174,7 @@ class EngineHandle:
         self.queue_depths: dict[str, int] = {}
         self.batch_counts: dict[str, tuple[int, int]] = {}  # since this engine started
         self.node_counters: dict[str, dict[str, int]] = {}  # likewise
+        self.load = EngineLoads()  # its last reported load and the sessions admitted since
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._drained: asyncio.Future[None] | None = None
 
@@ -198,7 +205,15 @@ class EngineHandle:
         if op != "ready":
             raise RuntimeError(f"{self.name} failed to start: {payload}")
         self.facts = payload
+        self.load = EngineLoads()
         self.ready = True
+
+    def capacity(self, limits: SessionLimits, kind: str = "realtime") -> int:
+        """Sessions of `kind` this engine may host (graph/runtime.py `capacity_of`)."""
+        return capacity_of(limits, kind, self.facts.get("kv_rows"), self.count)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for session in self.sessions.values() if session.kind == kind)
 
     async def request_open(self, session: RemoteSession, config: dict[str, Any] | None, inputs: list[str] | None,
                            output_window: int) -> None:
@@ -250,6 +265,8 @@ class EngineHandle:
                         self.node_counters = payload.get("node_counters", {})
                         for node, seconds in payload["node_steps"].items():
                             metrics.node_steps(node, seconds)
+                        if "load" in payload:
+                            self.load.report(LoadSnapshot(**payload["load"]))
                     elif op == "drained":
                         if self._drained is not None and not self._drained.done():
                             self._drained.set_result(None)
@@ -346,7 +363,34 @@ class EngineRuntime:
                 log.exception("restarting %s failed", engine.name)
 
     def capacity(self, kind: str) -> int:
-        return self.limits.effective_max_sessions if kind == "realtime" else self.limits.max_speech_sessions
+        if kind != "realtime":
+            return self.limits.max_speech_sessions
+        # Each engine's cap and KV rows, the safety cap for the whole server.
+        engines = [engine for engine in self.engines if engine.ready] or self.engines
+        return min(self.limits.max_sessions, sum(engine.capacity(self.limits) for engine in engines))
+
+    def first_audio_estimate_s(self) -> float:
+        """The first audio one more speaking session would get on the least loaded ready engine
+        with a free row (inf: none has a row)."""
+        return min((engine.load.estimate_s() for engine in self._open_engines()), default=math.inf)
+
+    def _engine_for(self, kind: str) -> EngineHandle:
+        """The engine the next session of `kind` goes to (after `admit`): the ready one hosting the
+        fewest, among those with a free row and room in their load for a live one."""
+        candidates = [engine for engine in self.engines if engine.ready]
+        if kind == "realtime":
+            goal = self.limits.first_audio_goal_s
+            candidates = [engine for engine in self._open_engines() if engine.load.admits(goal)]
+            if not candidates:  # `admit` judged the best of them; only a tie of full engines gets here
+                raise SessionRejected("session_limit_reached", "Every engine is full or too busy for another session; try again later.")
+        engine = min(candidates, key=lambda e: (len(e.sessions), e.index))
+        if kind == "realtime":
+            engine.load.admitted_since += 1
+        return engine
+
+    def _open_engines(self) -> list[EngineHandle]:
+        """Ready engines with a free row for a live session."""
+        return [e for e in self.engines if e.ready and e.count("realtime") < e.capacity(self.limits)]
 
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)
@@ -357,7 +401,7 @@ class EngineRuntime:
         await wait_for_slot(self, kind)
         ready = [engine for engine in self.engines if engine.ready]
         admit(self, session_id, kind, inputs, loaded=self.started and bool(ready))
-        engine = min(ready, key=lambda e: (len(e.sessions), e.index))
+        engine = self._engine_for(kind)
         used = frozenset(inputs) if inputs is not None else self._inputs
         session = RemoteSession(session_id, kind, engine, self.limits.edge_capacity, used)
         self.sessions[session_id] = session  # before any await: a concurrent open sees the slot taken

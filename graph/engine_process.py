@@ -8,7 +8,7 @@ from it, answers `ready` (or `failed`), and from then on hosts the sessions the 
     ("open", id, (kind, config, inputs, n))  ("opened", id, None) | ("rejected", id, (code, message))
     ("send", id, (input, message))           ("out", id, message)          graph output, in order
     ("control", id, control)                 ("ended", id, (reason, error))
-    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times, batch counts
+    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times, batch counts, load
     ("drain", "", grace_s)                   ("drained", "", None)
     ("credit", "", {id: n})                  ("credit", "", {(id, input): n})  messages taken (graph/wire.py)
 
@@ -33,6 +33,8 @@ import signal
 import socket
 import sys
 from typing import Any
+
+import msgspec
 
 from graph import heap, sched
 from graph.background import spawn
@@ -209,7 +211,8 @@ class EngineServer:
             await asyncio.sleep(STATS_INTERVAL_S)
             self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take(),
                                          "batch_counts": self.runtime.batch_counts(),
-                                         "node_counters": self.runtime.node_counters()})
+                                         "node_counters": self.runtime.node_counters(),
+                                         "load": msgspec.structs.asdict(self.runtime.load())})
 
 
 def apply_device(profile: dict[str, Any], device: str | None) -> None:
@@ -238,7 +241,8 @@ async def _main(fd: int, name: str) -> int:
     apply_device(profile, start.get("device"))
     steps = _StepTimes()
     try:
-        runtime = GraphRuntime.from_config(profile, steps, inline_compute=True)
+        # The server decides admission by load: it sees every engine's (graph/engine_client.py).
+        runtime = GraphRuntime.from_config(profile, steps, inline_compute=True, admit_by_load=False)
         await runtime.start()
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         log.debug("%s: start failed", name, exc_info=exc)  # the server logs the one-line reason
@@ -247,7 +251,7 @@ async def _main(fd: int, name: str) -> int:
         return 1
     heap.settle()  # the loaded model must not stall the loop in a full garbage collection
     link.credit_delay_s = credit_delay_s(min(runtime.limits.edge_capacity, runtime.limits.output_capacity))
-    link.send("ready", "", {"resources": resource_facts(runtime)})  # the server logs the time
+    link.send("ready", "", {"resources": resource_facts(runtime), "kv_rows": runtime.kv_rows()})  # the server logs the time
     await EngineServer(link, runtime, steps).serve()
     return 0
 

@@ -66,6 +66,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from graph.load import ComputeLoad
+
 if TYPE_CHECKING:
     from graph.unit_trace import UnitTrace
 
@@ -119,6 +121,8 @@ class ComputePool:
             raise ValueError("a compute pool needs zero (inline) or more threads")
         self._calls: list[_Entry] = []
         self.busy_s = 0.0  # seconds units have run, all workers together
+        # Step-time averages and busy share, for admission by load (graph/load.py).
+        self.load = ComputeLoad()
         self.trace: UnitTrace | None = None  # records every unit when set (graph/unit_trace.py)
         self._order = itertools.count()
         self._ready = threading.Condition()
@@ -207,6 +211,7 @@ class ComputePool:
             if self._closed:
                 raise RuntimeError(closed_message)
             pending.release = current_release.get()
+            pending.priority = urgency
             phase = current_phase.get()  # the batchers read it (`_first_audio_alone`), as does a trace
             pending.phase = "other" if phase is None else phase()
             heapq.heappush(queue, (urgency, submission_due() if due is None else due, next(self._order), pending))
@@ -254,8 +259,14 @@ class ComputePool:
 
     def _run_unit(self, batcher: Batcher[Any, Any] | None, batch: list[_Pending]) -> None:
         trace = self.trace
-        if trace is not None:  # what the unit is, read before the call takes its item apart
-            name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
+        # What the unit is, read before the call takes its item apart.
+        name = batcher.name if batcher is not None else getattr(batch[0].item[0], "__qualname__", "call")
+        first_audio = any(p.phase == "first" for p in batch)
+        reply = any(p.phase != "other" for p in batch)  # a reply-side stage's (PlaybackClock.phase)
+        # Only live sessions' units are the load a live turn waits behind (speech requests and
+        # keep-warm give way to it: graph/load.py).
+        live = any(p.priority <= PRIORITY_REALTIME for p in batch)
+        if trace is not None:
             phases = [p.phase for p in batch]
             cpu_started = time.thread_time()
         started = time.perf_counter()
@@ -268,6 +279,8 @@ class ComputePool:
                 self._ready.notify_all()  # its queued items may be the most urgent now
         ended = time.perf_counter()
         self.busy_s += ended - started
+        if live:
+            self.load.record(name, started, ended, first_audio, reply)
         if trace is not None:
             trace.unit(started, ended, time.thread_time() - cpu_started, name, phases)
         # A raised exception's traceback reaches this frame (f_back of the call's): it must not
@@ -406,7 +419,7 @@ def _deliver(pending: _Pending, result: Any) -> None:
 
 
 class _Pending:
-    __slots__ = ("item", "future", "loop", "queued_at", "release", "phase")
+    __slots__ = ("item", "future", "loop", "queued_at", "release", "phase", "priority")
 
     def __init__(self, item: Any, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop):
         self.item = item
@@ -415,6 +428,7 @@ class _Pending:
         self.queued_at = time.monotonic()
         self.release: Callable[[], float] | None = None
         self.phase = "other"
+        self.priority = PRIORITY_REALTIME
 
 
 class Batcher(Generic[Item, Result]):

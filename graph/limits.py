@@ -8,13 +8,23 @@ from typing import Any
 
 @dataclass(frozen=True)
 class SessionLimits:
-    # Live sessions at once. The next one is refused with error `session_limit_reached` and
-    # closed; existing sessions are unaffected. When `kv_tokens` and `max_seq_len` are both set,
-    # the effective cap is min(max_sessions, kv_tokens // max_seq_len): every session may grow
-    # to max_seq_len tokens of KV, so admission never leads to an out-of-memory later.
-    max_sessions: int = 8
+    # Live sessions at once: a safety cap, not the capacity (that is `first_audio_goal_ms` and the
+    # KV). The next one is refused with error `session_limit_reached` and closed; existing
+    # sessions are unaffected. Cost past the KV: a silent session's VAD state and buffers.
+    max_sessions: int = 256
+    # The KV budget, per engine: `kv_tokens // max_seq_len` sessions of at most `max_seq_len`
+    # thinker tokens each (every session may grow to it, so admission never leads to an
+    # out-of-memory later). An engine whose KV is allocated at start (`kv_cache: preallocate`
+    # on the model: the default on CUDA) holds that many rows in the thinker's and in the
+    # talker's slot cache, and admits no more sessions than both hold. Past it:
+    # `session_limit_reached`.
     kv_tokens: int | None = None
     max_seq_len: int | None = None
+    # Admission by load (graph/load.py): a new live session is refused with
+    # `session_limit_reached` when, with it speaking too, the engines' measured step times and
+    # busy share say a turn's first audio would take longer than this, instead of admitting it
+    # and slowing every session down. None: no such refusal (only the caps above).
+    first_audio_goal_ms: float | None = None
     # Stateless speech requests in flight at once (they hold no KV across requests). Past it,
     # a speech request gets 503 with code `speech_capacity_reached`.
     max_speech_sessions: int = 32
@@ -66,7 +76,18 @@ class SessionLimits:
         return limits
 
     @property
-    def effective_max_sessions(self) -> int:
+    def kv_sessions(self) -> int | None:
+        """Sessions one engine's KV budget holds (None: no budget set)."""
         if self.kv_tokens and self.max_seq_len:
-            return max(0, min(self.max_sessions, self.kv_tokens // self.max_seq_len))
-        return self.max_sessions
+            return self.kv_tokens // self.max_seq_len
+        return None
+
+    @property
+    def effective_max_sessions(self) -> int:
+        """Sessions one engine admits: the safety cap, or its KV budget if smaller."""
+        kv = self.kv_sessions
+        return self.max_sessions if kv is None else max(0, min(self.max_sessions, kv))
+
+    @property
+    def first_audio_goal_s(self) -> float | None:
+        return None if self.first_audio_goal_ms is None else self.first_audio_goal_ms / 1000.0

@@ -21,6 +21,7 @@ import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from graph.limits import SessionLimits
 from graph.messages import Control, Message
 from graph.replies import Replies
 
@@ -107,6 +108,12 @@ class Node(abc.ABC):
         {node, event}); e.g. the thinker's early prefills by outcome."""
         return {}
 
+    def kv_rows(self) -> int | None:
+        """Sessions this node's KV allocated at start holds (a preallocated slot cache: one row per
+        session), which caps admission (graph/runtime.py); None: it holds no such KV, or its KV
+        grows on demand."""
+        return None
+
     def keep_warm(self) -> Callable[[], None] | None:
         """A small computation through this node's model code on dummy input (None: nothing to
         keep warm). The runtime runs it while its compute is idle and it hosts a live session
@@ -118,9 +125,11 @@ class Node(abc.ABC):
 class NodeContext:
     """What the runtime gives every node: shared resources and the compute pool."""
 
-    def __init__(self, resources: dict[str, Any], compute: ComputePool):
+    def __init__(self, resources: dict[str, Any], compute: ComputePool, limits: SessionLimits | None = None):
         self.resources = resources
         self.compute = compute
+        # The profile's limits: what a node sizes its KV allocated at start from (kv_sessions, max_seq_len).
+        self.limits = limits if limits is not None else SessionLimits()
 
     def resource(self, name: str) -> Any:
         try:

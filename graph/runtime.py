@@ -5,10 +5,13 @@ resources (loaded models) in a worker thread, starts every node (load + warm-up)
 reports ready. Each stage is logged with its duration, so someone waiting on a large checkpoint
 sees progress.
 
-Admission: live (`realtime`) sessions are capped by `limits.effective_max_sessions`; stateless
-speech requests (`speech`) by `limits.max_speech_sessions`. Past either, `open_session` waits up
-to `SLOT_WAIT_S` (1 s) for a closing session to free its slot, then raises `SessionRejected` and
-nothing is allocated.
+Admission: live (`realtime`) sessions are capped by `limits.effective_max_sessions` (a safety
+cap and the KV budget) and by what the nodes' KV allocated at start holds (`Node.kv_rows`);
+stateless speech requests (`speech`) by `limits.max_speech_sessions`. Past either, `open_session`
+waits up to `SLOT_WAIT_S` (1 s) for a closing session to free its slot, then raises
+`SessionRejected` and nothing is allocated. A live session is also refused, at once, when the
+compute could not give its turns their first audio within `limits.first_audio_goal_ms` once it
+speaks too (graph/load.py: from the pool's measured step times and the sessions speaking).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from graph import registry
 from graph.errors import SessionRejected
 from graph.executor import PRIORITY_IDLE, ComputePool
+from graph.limits import SessionLimits
+from graph.load import ComputeLoad, LoadSnapshot, first_audio_estimate_s
 from graph.messages import ReplyParams, Turn, TurnDone
 from graph.metrics import GraphMetrics
 from graph.node import Node, NodeContext, SessionInfo
@@ -39,8 +44,12 @@ KEEP_WARM_MAX_BUSY = 0.25
 
 
 class GraphRuntime:
-    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, inline_compute: bool = False):
+    def __init__(self, spec: GraphSpec, metrics: GraphMetrics | None = None, inline_compute: bool = False,
+                 admit_by_load: bool = True):
+        """`admit_by_load` False: this runtime leaves the first-audio goal to its caller (an
+        engine: the server decides, seeing every engine's load)."""
         self.spec = spec
+        self.admit_by_load = admit_by_load
         self.limits = spec.limits
         self.metrics = metrics or GraphMetrics()
         # inline: compute runs on this event loop's thread (an engine process, whose loop only
@@ -59,9 +68,9 @@ class GraphRuntime:
 
     @classmethod
     def from_config(cls, profile: dict[str, Any], metrics: GraphMetrics | None = None,
-                    inline_compute: bool = False) -> GraphRuntime:
+                    inline_compute: bool = False, admit_by_load: bool = True) -> GraphRuntime:
         """Parse a profile and validate it fully (types, streams, cycles) before anything loads."""
-        return cls(validated_spec(profile), metrics, inline_compute)
+        return cls(validated_spec(profile), metrics, inline_compute, admit_by_load)
 
     @property
     def model_id(self) -> str:
@@ -73,7 +82,7 @@ class GraphRuntime:
             assert factory is not None  # validated
             with _stage(f"loading resource {name} ({resource.type})"):
                 self.resources[name] = await self.compute.run(factory, resource.params)
-        context = NodeContext(self.resources, self.compute)
+        context = NodeContext(self.resources, self.compute, self.limits)
         for name, node_spec in self.spec.nodes.items():
             cls = registry.node_class(node_spec.type)
             assert cls is not None  # validated
@@ -90,6 +99,8 @@ class GraphRuntime:
         if self.spec.compute_keep_warm_s is not None:
             units = [unit for node in self.nodes.values() if (unit := node.keep_warm()) is not None]
             self._warmer = asyncio.create_task(self._keep_warm(units, self.spec.compute_keep_warm_s), name="keep-warm")
+        # The load of serving starts now: loading and warm-ups are not it.
+        self.compute.load = ComputeLoad(since=time.perf_counter())
         self.ready = True
 
     async def _keep_warm(self, units: list[Any], interval_s: float) -> None:
@@ -146,10 +157,29 @@ class GraphRuntime:
             await session.close("warmup_done")
 
     def capacity(self, kind: str) -> int:
-        return self.limits.effective_max_sessions if kind == "realtime" else self.limits.max_speech_sessions
+        return capacity_of(self.limits, kind, self.kv_rows(), self.count)
+
+    def kv_rows(self) -> int | None:
+        """Live sessions the nodes' KV allocated at start holds (the fewest rows of any node's
+        preallocated cache: the thinker's and the talker's); None: every node's KV grows."""
+        rows = [n for node in self.nodes.values() if (n := node.kv_rows()) is not None]
+        return min(rows) if rows else None
 
     def count(self, kind: str) -> int:
         return sum(1 for session in self.sessions.values() if session.kind == kind)
+
+    def speaking(self) -> int:
+        """Live sessions with a reply in flight (graph/replies.py)."""
+        return sum(1 for session in self.sessions.values() if session.kind == "realtime" and len(session.replies))
+
+    def load(self) -> LoadSnapshot:
+        """This runtime's compute load now (graph/load.py)."""
+        return self.compute.load.snapshot(time.perf_counter(), self.speaking())
+
+    def first_audio_estimate_s(self) -> float:
+        """The first audio one more speaking session would get here (0 when admission by load
+        is left to the caller)."""
+        return first_audio_estimate_s(self.load()) if self.admit_by_load else 0.0
 
     def batch_counts(self) -> dict[str, tuple[int, int]]:
         """(batches run, items batched) per shared executor since start (for metrics)."""
@@ -275,6 +305,26 @@ async def wait_for_slot(runtime: Any, kind: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def capacity_of(limits: SessionLimits, kind: str, kv_rows: int | None, count: Callable[[str], int]) -> int:
+    """Sessions of `kind` one runtime may host: its caps, and where its KV was allocated at start,
+    the rows the sessions of the other kind leave (live sessions and speech requests both hold a
+    row while they run)."""
+    cap = limits.effective_max_sessions if kind == "realtime" else limits.max_speech_sessions
+    if kv_rows is None:
+        return cap
+    return max(0, min(cap, kv_rows - count("speech" if kind == "realtime" else "realtime")))
+
+
+def free_slots(runtime: Any) -> int:
+    """Live sessions `runtime` (a GraphRuntime or an EngineRuntime) could admit now: its free
+    rows, or none while it is too busy for the first-audio goal (what `/ready` and the free-slots
+    gauge read, so that a proxy or an autoscaler sees a busy replica as full)."""
+    goal = runtime.limits.first_audio_goal_s
+    if goal is not None and runtime.first_audio_estimate_s() > goal:
+        return 0
+    return max(0, runtime.capacity("realtime") - runtime.count("realtime"))
+
+
 def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | None, loaded: bool) -> None:
     """Raise why `runtime` (a GraphRuntime or an EngineRuntime) cannot open this session now:
     SessionRejected with the code a client sees, or ValueError for a caller's mistake."""
@@ -297,6 +347,17 @@ def admit(runtime: Any, session_id: str, kind: str, inputs: Collection[str] | No
                 f"The server already runs its maximum of {capacity} concurrent sessions; try again later.",
             )
         raise SessionRejected("speech_capacity_reached", f"The server already serves {capacity} speech requests.")
+    goal = runtime.limits.first_audio_goal_s
+    if kind == "realtime" and goal is not None and (estimate := runtime.first_audio_estimate_s()) > goal:
+        raise SessionRejected(
+            "session_limit_reached",
+            f"The server is too busy to answer another session within its first-audio goal of {goal * 1000:.0f} ms "
+            f"({_ms(estimate)} estimated); try again later.",
+        )
+
+
+def _ms(seconds: float) -> str:
+    return "no time it could keep" if seconds == float("inf") else f"{seconds * 1000:.0f} ms"
 
 
 def _reason_label(reason: str | None) -> str:

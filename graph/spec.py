@@ -12,7 +12,7 @@ Layout of a profile:
       - vad.events -> dialog.events
     inputs: {audio: vad.audio}                       # where transports send messages in
     outputs: [dialog.events, thinker.text]           # what transports receive
-    limits: {max_sessions: 8}
+    limits: {first_audio_goal_ms: 150, kv_tokens: 524288, max_seq_len: 32768}   # graph/limits.py
     compute: {threads: 1, lookahead_ms: 500,         # compute pool workers; how far ahead of its listener a live reply is made
               engines: 1, devices: [cuda:0],         # engine processes (0: in the server's process); a device per engine
               keep_warm_ms: 150,                     # idle compute keeps the first-audio path warm (null: off)

@@ -107,3 +107,7 @@ class OmniModelParams(Params):
     max_reply_tokens: Positive | None | UnsetType = UNSET
     max_frames_per_token: Annotated[float, Meta(gt=0)] | None | UnsetType = UNSET
     max_reply_frames: Positive | None | UnsetType = UNSET
+    # The thinker's and talker's KV slot caches: allocated at start from `limits` (one row per
+    # session the KV budget admits) or growing on demand (nodes/qwen3_omni/slot_cache.py);
+    # auto: at start on CUDA, growing on CPU.
+    kv_cache: Literal["auto", "preallocate", "grow"] | None | UnsetType = UNSET

@@ -36,6 +36,14 @@ in its own task so the thinker's chunks never wait for it. Each frame is one cal
 code predictor pass for all; speech requests at lower priority than live sessions). An `Interrupt`
 makes the next frame not run (the talker stops within one frame).
 
+KV: a reply's decode steps run on a row of the talker's shared slot cache
+(nodes/qwen3_omni/talker_slots.py). Where the model's `kv_cache` says so (the default on CUDA)
+that cache is allocated here at start: one row per session the profile's limits admit, each as
+long as a reply's row can get (every user position of a full thinker context, the assistant
+block and `max_reply_frames`), and never grows; admission counts its rows (`kv_rows`). The user
+turns' KV kept between replies (`keep_user_kv`, `TalkerHistory`) is still allocated per session
+as it grows, outside that budget.
+
 Voices: a voice names one of the checkpoint's speakers (case-insensitive), or an alias from the
 `voices` param; an unknown voice falls back to the default speaker.
 """
@@ -52,9 +60,12 @@ import torch
 
 from graph.executor import continuation_due
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TalkerPrompt, TurnDone
+from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import TalkerParams
+from nodes.qwen3_omni.slot_cache import sessions_at_start
+from nodes.qwen3_omni.talker_slots import TalkerSlots
 from nodes.qwen3_omni.talker_engine import (
     TalkerHistory,
     TalkerLimits,
@@ -70,6 +81,9 @@ log = logging.getLogger(__name__)
 # Positions of new user turns put through the talker per compute call (as the thinker's
 # PREFILL_CHUNK_TOKENS: a slice of a long turn, other sessions' work between slices).
 USER_PREFILL_SLICE = 256
+# A reply row's positions past its user turns and frames: the assistant block (9) and the frames'
+# text lookahead, with room to spare.
+ASSISTANT_BLOCK_RESERVE = 64
 
 
 @register_node("qwen3_omni.talker")
@@ -91,6 +105,7 @@ class TalkerNode(Node):
         self.omni: Any = None
         self.limits = TalkerLimits()
         self.sessions: dict[str, TalkerSession] = {}  # live sessions (for inspection and metrics)
+        self._kv_rows: int | None = None  # rows of the slot cache when it was allocated at start
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
@@ -110,6 +125,15 @@ class TalkerNode(Node):
                 self.params.get("max_frames_per_token", getattr(bounds, "max_frames_per_token", None))
             ),
         )
+        if getattr(self.omni, "kv_at_start", False):
+            limits = getattr(self.context, "limits", None) or SessionLimits()
+            context = limits.max_seq_len or getattr(bounds, "max_seq_len", None) or 32768
+            capacity = context + (self.limits.max_frames or 4096) + ASSISTANT_BLOCK_RESERVE
+            slots = TalkerSlots.for_model(self.model, slots=sessions_at_start(limits), capacity=capacity, grow=False)
+            self._kv_rows = None if slots.cache.grow else slots.cache.slots
+
+    def kv_rows(self) -> int | None:
+        return self._kv_rows
 
     def keep_warm(self):
         """The talker's decoder layers over 8 positions (no cache kept)."""

@@ -37,9 +37,11 @@ batcher on the compute pool, `max_batch` calls per batch): the decode steps of a
 the same moment run as ONE forward, and a new turn's prefill runs chunk by chunk between decode
 steps (it holds in-flight replies for at most one chunk). When fewer sessions are queued than
 the last batch held, the batch waits up to `batch_linger_ms` for the others to resubmit (the
-first one back would otherwise start a batch of one). `kv_slots` x `kv_capacity` tokens of
-KV are allocated at start and grow on demand; on a GPU set them to the session cap and
-`max_seq_len` so that no growth step ever holds two copies. The event loop never computes, and an
+first one back would otherwise start a batch of one). The KV slot cache is
+allocated at start where the model's `kv_cache` says so (the default on CUDA): one row per
+session the profile's limits admit (`kv_tokens // max_seq_len` per engine), each `max_seq_len`
+plus a transcription pass long, and never grows (admission counts its rows: `kv_rows`); else it
+starts at `kv_slots` x `kv_capacity` (4 x 256) and grows on demand. The event loop never computes, and an
 `Interrupt` stops the reply before its next token. `thinker.model.rope_deltas` is never used
 (positions are per session), so sessions interleave freely on one model.
 
@@ -115,13 +117,19 @@ from graph.messages import (
     TurnDone,
     Usage,
 )
+from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.params import ThinkerParams
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
+from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
+
+# A transcription pass's instruction (a user message and the assistant header), in tokens: with
+# its transcript it goes on top of a full context, then is rolled back.
+TRANSCRIPT_PROMPT_RESERVE = 64
 
 _STATUS = {
     "stop": ("completed", None),
@@ -147,6 +155,7 @@ class Thinker(Node):
         # re-prefilled (`truncation_rebuild_tokens`) and how long they took, queueing included
         # (`truncation_rebuild_ms`): /metrics `sgl_omni_node_events`, beside the early prefills.
         self.truncations: collections.Counter[str] = collections.Counter()
+        self._kv_rows: int | None = None  # rows of the slot cache when it was allocated at start
 
     async def start(self) -> None:
         self.omni = self.context.resource(self.params.get("resource", "omni"))
@@ -159,11 +168,29 @@ class Thinker(Node):
         self.frame_ms = 1000.0 * upsample / 24000.0
         self.executor = ThinkerExecutor(
             self.context.compute, self.omni, max_batch=int(self.params.get("max_batch", 64)),
-            slots=int(self.params.get("kv_slots", 4)), capacity=int(self.params.get("kv_capacity", 256)),
-            linger_s=float(self.params.get("batch_linger_ms", 2.0)) / 1000.0,
+            linger_s=float(self.params.get("batch_linger_ms", 2.0)) / 1000.0, **self._kv_sizes(),
         )
+        self._kv_rows = None if self.executor.runner.cache.grow else self.executor.runner.cache.slots
         if self.params.get("warmup", True):
             await self.context.compute.run(self._warm_up)
+
+    def _kv_sizes(self) -> dict[str, Any]:
+        """The slot cache's rows and columns (slot_cache.py). Allocated at start (the model's
+        `kv_at_start`): a row per session the profile's limits admit, each the longest context a
+        session may reach (`max_seq_len`, and a transcription pass on top of it, which is rolled
+        back). Growing: `kv_slots` x `kv_capacity` to start with. `kv_slots` / `kv_capacity`
+        given in the params win either way."""
+        at_start = bool(getattr(self.omni, "kv_at_start", False))
+        if at_start:
+            slots = sessions_at_start(getattr(self.context, "limits", None) or SessionLimits())
+            capacity = self.max_seq_len + int(self.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)) + TRANSCRIPT_PROMPT_RESERVE
+        else:
+            slots, capacity = 4, 256
+        return {"slots": int(self.params.get("kv_slots", slots)), "capacity": int(self.params.get("kv_capacity", capacity)),
+                "grow": not at_start}
+
+    def kv_rows(self) -> int | None:
+        return self._kv_rows
 
     def _warm_up(self) -> None:
         """One short reply in a throwaway session: the first live turn pays no first-call costs."""

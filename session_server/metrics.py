@@ -117,6 +117,12 @@ class _RuntimeCollector(Collector):
             # What autoscalers and `/ready` read: realtime sessions this replica can still admit.
             yield GaugeMetricFamily("sgl_omni_free_session_slots", "Realtime sessions this server can still admit",
                                     value=self._free_slots() if runtime is not None and runtime.ready else 0)
+        if runtime is not None and runtime.ready and hasattr(runtime, "first_audio_estimate_s"):
+            # What admission by load compares with `limits.first_audio_goal_ms` (graph/load.py).
+            estimate = runtime.first_audio_estimate_s()
+            yield GaugeMetricFamily("sgl_omni_first_audio_estimate_seconds",
+                                    "First audio one more speaking session would get (admission by load; +Inf: saturated)",
+                                    value=estimate)
 
 
 def _parked_family(parked: int) -> GaugeMetricFamily:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graph.runtime import GraphRuntime
+from graph.runtime import GraphRuntime, free_slots
 from session_server.live_sessions import LiveSessions
 from session_server.metrics import ServerMetrics
 from session_server.model_names import not_served_message, served_names
@@ -79,7 +79,7 @@ class ServerState:
         """Realtime sessions this server can still admit (parked sessions give their slot up)."""
         if self.resumer is not None:
             return self.resumer.free_slots()
-        return max(0, self.runtime.capacity("realtime") - self.runtime.count("realtime"))
+        return free_slots(self.runtime)
 
     def parked_sessions(self) -> int:
         """Realtime sessions whose client dropped, waiting for a resume (realtime/resume.py)."""

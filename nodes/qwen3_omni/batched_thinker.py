@@ -69,9 +69,10 @@ class ThinkerRunner:
 
     _by_model: weakref.WeakKeyDictionary[Any, ThinkerRunner] = weakref.WeakKeyDictionary()
 
-    def __init__(self, omni: OmniModel, slots: int = 4, capacity: int = 256):
-        """`slots` x `capacity` tokens are allocated now; rows and columns grow on demand after
-        (columns up to the model's `max_seq_len` bound, unless a session's own bound is larger)."""
+    def __init__(self, omni: OmniModel, slots: int = 4, capacity: int = 256, grow: bool = True):
+        """`slots` x `capacity` tokens are allocated now; with `grow`, rows and columns grow on demand
+        after (columns up to the model's `max_seq_len` bound, unless a session's own bound is
+        larger); without, that is all (slot_cache.py)."""
         self.thinker = omni.thinker
         self.language_model = self.thinker.model.language_model
         self.embed_tokens = self.thinker.get_input_embeddings()
@@ -79,7 +80,7 @@ class ThinkerRunner:
         weight = self.thinker.lm_head.weight
         self.cache = SlotKVCache.for_text_config(
             self.thinker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity,
-            max_capacity=getattr(getattr(omni, "bounds", None), "max_seq_len", None),
+            max_capacity=getattr(getattr(omni, "bounds", None), "max_seq_len", None), grow=grow,
         )
         # Decode forwards (`feed`) run the text model's layers directly (lean_decode.py) when it
         # applies; False: always through the HF text model (tests compare the two).

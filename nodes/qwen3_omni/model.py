@@ -27,6 +27,7 @@ import torch
 
 from graph.registry import register_resource
 from nodes.params import OmniModelParams
+from nodes.qwen3_omni.slot_cache import allocated_at_start
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,10 @@ class OmniModel:
         self.tokens = _chat_tokens(model.config, tokenizer)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        # The thinker's and talker's slot caches: allocated at start from the profile's limits
+        # (True) or growing on demand (slot_cache.py). The resource's `kv_cache` sets it
+        # (auto: at start on CUDA); a model loaded directly grows.
+        self.kv_at_start = False
 
     @property
     def sample_rate_in(self) -> int:
@@ -346,9 +351,11 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
     """Resource factory. params: path (None -> the tiny checkpoint), device (cpu|cuda), dtype
     (float32|bfloat16|float16), system_prompt, the `ReplyBounds` fields, and random_weights
     (a preset of nodes/qwen3_omni/random_presets.py, built on the device instead of loading a
-    path) with random_shrink."""
+    path) with random_shrink, and kv_cache (auto | preallocate | grow: the thinker's and
+    talker's slot caches allocated at start from the profile's limits, or growing on demand;
+    auto: at start on CUDA; nodes/qwen3_omni/slot_cache.py)."""
     bound_fields = set(ReplyBounds.__dataclass_fields__)
-    known = {"path", "device", "dtype", "system_prompt", "random_weights", "random_shrink"} | bound_fields
+    known = {"path", "device", "dtype", "system_prompt", "random_weights", "random_shrink", "kv_cache"} | bound_fields
     unknown = set(params) - known
     if unknown:
         raise ModelLoadError(f"unknown qwen3_omni.model params: {', '.join(sorted(unknown))}")
@@ -359,7 +366,9 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
             if k in bound_fields and v is not None
         }
     )
-    return OmniModel.load(
+    kv_cache = str(params.get("kv_cache") or "auto")
+    allocated_at_start(kv_cache, "cpu")  # a bad value fails before the checkpoint loads
+    omni = OmniModel.load(
         params.get("path"),
         device=str(params.get("device") or "cpu"),
         dtype=str(params.get("dtype") or "float32"),
@@ -368,3 +377,5 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
         random_weights=params.get("random_weights"),
         random_shrink=int(params.get("random_shrink") or 1),
     )
+    omni.kv_at_start = allocated_at_start(kv_cache, omni.device)
+    return omni

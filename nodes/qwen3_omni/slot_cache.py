@@ -22,12 +22,20 @@ them by slot) are read as views; rows close together with gaps can be attended o
 covering range (`covering()`, `update_covering`: the lean decode forward does); other rows are
 copied out of the buffers (`index_select`).
 
-Capacity and slot count grow on demand (doubling, copying the buffers; capacity never past
-`max_capacity` unless a row needs more); nothing shrinks. Dense rows cost `slots * capacity`
-tokens of KV, which is exactly the admission budget (`max_sessions = kv_tokens / max_seq_len`,
-graph/limits.py). A GPU deployment should size them up front (`slots` = max sessions,
-`capacity` = max_seq_len: the thinker node's `kv_slots` / `kv_capacity`), because a growth step
-holds the old and the new buffers at once.
+Two ways to hold the memory (`grow`, chosen per model by the resource's `kv_cache`,
+nodes/qwen3_omni/model.py `kv_layout`):
+- growing (`grow=True`, the default on CPU): capacity and slot count grow on demand (doubling,
+  copying the buffers; capacity never past `max_capacity` unless a row needs more); nothing
+  shrinks. Cheap to start small, but a growth step holds the old and the new buffers at once and
+  moves every tensor (a GPU could run out of memory in the middle of serving).
+- allocated at start (`grow=False`, the default on CUDA): `slots` rows of `capacity` columns,
+  sized from the profile's limits (one row per session the KV budget admits, each row the
+  longest context a session may reach), allocated once; nothing ever grows or moves (the buffers'
+  `data_ptr` is stable, which captured graphs need too). A row past them raises `KVCacheFull`;
+  admission never lets that happen (the runtime admits no more sessions than there are rows:
+  `Node.kv_rows`, graph/runtime.py).
+Dense rows cost `slots * capacity` tokens of KV, which is exactly the admission budget
+(`kv_tokens / max_seq_len` sessions per engine, graph/limits.py).
 
 transformers coupling (pinned to 5.24.0 in pyproject): `SlotBatch` is not a `transformers`
 `Cache`; it relies on (a) the attention layers calling `cache.update(key, value, layer_idx,
@@ -50,10 +58,16 @@ from collections.abc import Sequence
 import torch
 
 
+class KVCacheFull(RuntimeError):
+    """A cache allocated at start has no free row, or a row would need more columns than it has."""
+
+
 class SlotKVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device | str,
-                 slots: int = 4, capacity: int = 256, max_capacity: int | None = None):
+                 slots: int = 4, capacity: int = 256, max_capacity: int | None = None, grow: bool = True):
+        """`grow` False: `slots` x `capacity` is all this cache ever holds (see the module docstring)."""
         self.max_capacity = max_capacity
+        self.grow = grow
         self.num_layers = layers
         self.kv_heads = kv_heads
         self.head_dim = head_dim
@@ -87,6 +101,11 @@ class SlotKVCache:
         return len(self.lengths)
 
     @property
+    def nbytes(self) -> int:
+        """The memory the buffers hold (keys and values of every layer)."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    @property
     def rows_in_use(self) -> int:
         return self.slots - len(self._free)
 
@@ -94,6 +113,8 @@ class SlotKVCache:
         """A free row (length 0), growing the slot count if all are taken."""
         with self.lock:
             if not self._free:
+                if not self.grow:
+                    raise KVCacheFull(f"all {self.slots} rows of a KV cache allocated at start are taken")
                 self._grow(slots=self.slots * 2)
             slot = self._free.pop()
             self.lengths[slot] = 0
@@ -143,6 +164,8 @@ class SlotKVCache:
             return SlotBatch(self, list(rows), starts, query_length)
 
     def _ensure_capacity(self, needed: int) -> None:
+        if needed > self.capacity and not self.grow:
+            raise KVCacheFull(f"a row needs {needed} columns; this KV cache was allocated with {self.capacity}")
         if needed > self.capacity:
             capacity = self.capacity
             while capacity < needed:
@@ -256,6 +279,24 @@ class SlotBatch:
         with self.cache.lock:
             for b, (row, start) in enumerate(zip(self.rows, self.starts)):
                 self.cache.lengths[row] = start + (self.query_length if lengths is None else lengths[b])
+
+
+KV_CACHE_MODES = ("auto", "preallocate", "grow")
+
+
+def allocated_at_start(mode: str, device: torch.device | str) -> bool:
+    """Whether a model's slot caches are allocated at start (`kv_cache: preallocate`) or grow on
+    demand (`grow`); `auto`: at start on CUDA (no growth step may run out of memory mid-serving,
+    captured graphs need stable buffers), growing elsewhere (a CPU server starts small)."""
+    if mode not in KV_CACHE_MODES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_MODES)}, got {mode!r}")
+    return mode == "preallocate" or mode == "auto" and torch.device(device).type == "cuda"
+
+
+def sessions_at_start(limits) -> int:
+    """Rows of a cache allocated at start: one per session an engine admits (graph/limits.py:
+    the KV budget `kv_tokens // max_seq_len`, else the safety cap `max_sessions`)."""
+    return limits.effective_max_sessions
 
 
 def padded_group(lengths: Sequence[int], budget: int) -> list[int]:

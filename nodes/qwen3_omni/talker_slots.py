@@ -51,22 +51,26 @@ class TalkerSlots:
 
     _by_model: weakref.WeakKeyDictionary[Any, TalkerSlots] = weakref.WeakKeyDictionary()
 
-    def __init__(self, talker: TalkerModel, slots: int = 4, capacity: int = 256):
+    def __init__(self, talker: TalkerModel, slots: int = 4, capacity: int = 256, grow: bool = True):
+        """`slots` x `capacity` positions now; with `grow`, more on demand (slot_cache.py)."""
         self.talker = talker
         weight = talker.talker.codec_head.weight
         self.cache = SlotKVCache.for_text_config(
-            talker.talker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity
+            talker.talker.config.text_config, dtype=weight.dtype, device=weight.device, slots=slots, capacity=capacity,
+            grow=grow,
         )
         self.stack = LeanStack(talker.talker.model)
         self.lean_decode = LeanTalkerDecode(talker.talker.model)
         self.forwards = 0
 
     @classmethod
-    def for_model(cls, talker: TalkerModel) -> TalkerSlots:
+    def for_model(cls, talker: TalkerModel, **sizes: Any) -> TalkerSlots:
+        """The slot cache shared by every reply of this talker; `sizes` (slots, capacity, grow)
+        apply when this call creates it (the talker node's start, nodes/talker.py)."""
         key = talker.talker
         slots = cls._by_model.get(key)
         if slots is None:
-            slots = cls._by_model.setdefault(key, cls(talker))
+            slots = cls._by_model.setdefault(key, cls(talker, **sizes))
         return slots
 
     def join(self, reply: TalkerReply, kv: DynamicCache | None = None) -> int:

@@ -44,6 +44,7 @@ from starlette.websockets import WebSocket
 
 from graph.background import spawn
 from graph.errors import SessionRejected
+from graph.runtime import free_slots
 from session_server.realtime import snapshot
 from session_server.realtime.protocol import CLOSE_POLICY, RealtimeProtocol
 from session_server.realtime.session_store import SessionStore
@@ -237,8 +238,7 @@ class SessionResumer:
 
     def free_slots(self) -> int:
         """Sessions this replica can still admit: free slots plus parked sessions it would close."""
-        runtime = self.state.runtime
-        return max(0, runtime.capacity("realtime") - runtime.count("realtime")) + len(self.parked)
+        return free_slots(self.state.runtime) + len(self.parked)
 
     async def close(self) -> None:
         for parked in list(self.parked.values()):

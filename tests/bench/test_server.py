@@ -13,8 +13,9 @@ from tests.realtime.fakes import realtime_profile
 
 
 def test_the_served_profile_makes_room_for_the_sessions_asked_for():
-    profile = bench_profile(None, max_sessions=64)  # the embedded default caps at 8
-    assert profile["limits"]["max_sessions"] == 64
+    profile = bench_profile(None, max_sessions=300)  # past the embedded default's safety cap
+    assert profile["limits"]["max_sessions"] == 300
+    assert profile["limits"]["first_audio_goal_ms"] is None  # admission by load would refuse the load it measures
     assert profile["webrtc"]["candidates"] == "loopback"
     assert profile["model_id"] == "qwen3-omni-tiny"
 
@@ -24,6 +25,13 @@ def test_a_kv_budget_grows_with_the_sessions_so_admission_does_not_refuse_them(t
     path.write_text(yaml.safe_dump(realtime_profile(limits={"max_sessions": 2, "kv_tokens": 1000, "max_seq_len": 500})))
     limits = bench_profile(str(path), max_sessions=16)["limits"]
     assert limits["max_sessions"] == 16 and limits["kv_tokens"] == 16 * 500
+
+
+def test_a_kv_budget_raised_past_the_profiles_makes_its_caches_grow_instead_of_allocating_it_at_start():
+    profile = bench_profile("qwen3_omni_session_h200.yaml", max_sessions=64)
+    assert profile["limits"]["kv_tokens"] == 64 * 32768
+    assert profile["resources"]["omni"]["params"]["kv_cache"] == "grow"
+    assert "kv_cache" not in bench_profile("qwen3_omni_session_h200.yaml", max_sessions=8)["resources"]["omni"]["params"]
 
 
 def test_the_harness_starts_a_healthy_server_and_stops_it(tmp_path):

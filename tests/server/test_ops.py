@@ -62,6 +62,7 @@ async def test_metrics_exports_sessions_queues_steps_and_first_audio():
     assert 'sgl_omni_node_queue_depth{node="sink"} 0.0' in text
     assert 'sgl_omni_node_step_seconds_count{node="sink"} 1.0' in text
     assert 'sgl_omni_time_to_first_audio_seconds_count{transport="websocket"} 1.0' in text
+    assert "sgl_omni_first_audio_estimate_seconds " in text  # what admission by load reads
 
 
 async def test_api_key_is_required_everywhere_but_health_with_the_openai_error_shape():

@@ -37,5 +37,5 @@ def test_the_speech_only_profile_is_the_reply_side_of_the_session_profile():
     for key in ("path", "device", "dtype"):
         assert model["params"][key] == model_session["params"][key]
     # The checkpoint loader rejects unknown params only when it loads: check them here.
-    known = {"path", "device", "dtype", "system_prompt"} | set(ReplyBounds.__dataclass_fields__)
+    known = {"path", "device", "dtype", "system_prompt", "kv_cache"} | set(ReplyBounds.__dataclass_fields__)
     assert set(model["params"]) <= known
