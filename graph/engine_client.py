@@ -129,9 +129,6 @@ class RemoteSession:
             self.engine.link.credit(self.id)
             yield message
 
-    def output_backlog(self) -> int:
-        return len(self._output)
-
     async def close(self, reason: str = "closed") -> None:
         """End the session and wait until the engine has freed it. Idempotent."""
         if not self._closing and not self.ended.is_set():

@@ -308,9 +308,6 @@ class GraphSession:
             except InboxClosed:
                 return
 
-    def output_backlog(self) -> int:
-        return len(self._output)
-
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each node's inbox (for metrics)."""
         return {name: len(inbox) for name, inbox in self._inboxes.items()}

@@ -41,7 +41,7 @@ class SessionHost(Protocol):
     """A transport's side of one session (realtime/websocket_link.py `WebSocketLink`, webrtc/call.py `Call`,
     speech/service.py `SpeechJob`)."""
 
-    protocol: Any  # a SessionProtocol
+    protocol: SessionProtocol
     graph: Any  # the graph session; an engine's `RemoteSession` names its engine
 
     def parked_at(self) -> float | None:

@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from session_server.errors import openai_error_body
 
-DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DRAIN_BYTES = 128 * 1024 * 1024
 DRAIN_SECONDS = 30.0
 DRAIN_IDLE_S = 2.0

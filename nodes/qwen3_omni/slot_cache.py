@@ -101,11 +101,6 @@ class SlotKVCache:
         return len(self.lengths)
 
     @property
-    def nbytes(self) -> int:
-        """The memory the buffers hold (keys and values of every layer)."""
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-    @property
     def rows_in_use(self) -> int:
         return self.slots - len(self._free)
 

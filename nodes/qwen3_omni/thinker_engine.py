@@ -402,11 +402,6 @@ class ThinkerSession:
         """Ask the running reply to stop before its next step (thread-safe, never blocks)."""
         self._interrupt.set()
 
-    def finish_reply(self, reason: str = "interrupted") -> None:
-        """End the running reply now (e.g. on interrupt); it stays in the history as far as it got."""
-        if self.replying:
-            self._runner.run_alone(self._finish_work(self._reply, reason))
-
     def close(self) -> None:
         """Give the session's KV row back to the shared cache (the session cannot run again)."""
         self._closed = True

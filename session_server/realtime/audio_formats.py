@@ -42,10 +42,6 @@ class AudioFormat:
     type: str = PCM
     rate: int = 24000
 
-    @property
-    def bytes_per_sample(self) -> int:
-        return 2 if self.type == PCM else 1
-
     def to_wire(self) -> dict:
         return {"type": self.type, "rate": self.rate} if self.type == PCM else {"type": self.type}
 

@@ -97,11 +97,6 @@ class Negotiation:
                 self.speaks_sglang = True
                 self.requested.update(block)
 
-    def observe_append(self, has_sglang_fields: bool) -> None:
-        if not self.rate_fixed:
-            self.speaks_sglang = self.speaks_sglang or has_sglang_fields
-            self.rate_fixed = True
-
     def default_input(self, current: AudioFormat) -> AudioFormat | None:
         """The input format a not-yet-fixed default becomes for a client of the sglang dialect."""
         if self.speaks_sglang and not self.rate_named and current == AudioFormat():

@@ -39,15 +39,6 @@ class IceServer:
     username: str | None = None
     credential: str | None = None
 
-    def to_public(self) -> dict[str, Any]:
-        """What a browser needs in its RTCPeerConnection configuration."""
-        public: dict[str, Any] = {"urls": list(self.urls)}
-        if self.username is not None:
-            public["username"] = self.username
-        if self.credential is not None:
-            public["credential"] = self.credential
-        return public
-
 
 @dataclass(frozen=True)
 class WebRTCConfig:
