@@ -35,8 +35,9 @@ Two pieces, shared by all sessions of one model:
   at 64 sessions could still be waiting when its turn ended.
 
 Why not transformers' own machinery: re-packing DynamicCaches per step or one padded
-DynamicCache measured 2-6x slower here and stall on joins; continuous batching takes token ids
-only (no audio/image embeddings) and keeps KV in an evictable prefix cache.
+DynamicCache were slower here and stall on joins (docs/notebook/2026-12-01-batching-numbers.md);
+continuous batching takes token ids only (no audio/image embeddings) and keeps KV in an
+evictable prefix cache.
 
 Priorities come from the `Batcher`: the session's, set by the runtime for its node task
 (graph/executor.py), so live sessions go before speech requests.
