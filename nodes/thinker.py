@@ -502,7 +502,7 @@ class ThinkerNodeSession(NodeSession):
             return len(conversation)
         return sum(1 for i, _ in conversation if i > index)
 
-    async def _truncate_ahead(self, message: Embeddings, usage: Any, emit: Emit) -> None:
+    async def _truncate_ahead(self, message: Embeddings, usage: Usage, emit: Emit) -> None:
         """Right after a reply, in the user's pause: when a turn like this one's and its reply
         would not fit, the oldest items leave now (the KV rebuilt before the next turn comes,
         not on its way to first audio). The reply and the turn that asked for it stay."""
@@ -613,15 +613,7 @@ class ThinkerNodeSession(NodeSession):
                 reply,
                 status,
                 reason,
-                Usage(
-                    input_tokens=usage.input_tokens,
-                    output_tokens=usage.output_tokens,
-                    input_text_tokens=usage.input_text_tokens,
-                    input_audio_tokens=usage.input_audio_tokens,
-                    input_image_tokens=usage.input_image_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    output_text_tokens=usage.output_tokens,
-                ),
+                usage,
                 transcript=transcript,
             ),
         )

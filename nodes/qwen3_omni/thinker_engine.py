@@ -55,8 +55,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import torch
 
+from graph.messages import Usage
 from nodes.qwen3_omni.batched_thinker import ThinkerRunner
 from nodes.qwen3_omni.thinker_requests import Choice, Choose, Chunk, Feed, ThinkerError, Work
 from nodes.qwen3_omni.thinker_sampling import Sampling, device_longs
@@ -119,16 +121,6 @@ class Step:
 
 
 @dataclass
-class ReplyUsage:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    input_text_tokens: int = 0
-    input_audio_tokens: int = 0
-    input_image_tokens: int = 0
-    output_tokens: int = 0
-
-
-@dataclass
 class _Reply:
     start: int  # index in context_ids of the first reply token
     token_ids: list[int] = field(default_factory=list)
@@ -141,7 +133,7 @@ class _Reply:
     finish_reason: str | None = None
     limit: int = 0
     limit_reason: str = "length"
-    usage: ReplyUsage = field(default_factory=ReplyUsage)
+    usage: Usage = field(default_factory=Usage)  # the input side; reply_usage() adds the output
     # Out-of-band replies roll the session back to this snapshot when they finish.
     rollback: tuple[int, list[int], int, int, int] | None = None
     calls: ToolCallDecoder | None = None  # the reply may call functions
@@ -337,7 +329,7 @@ class ThinkerSession:
                 calls.limit = self._reply.limit
                 self._reply.calls = calls
             audio, image = self.audio_tokens_in_context, self.image_tokens_in_context
-            self._reply.usage = ReplyUsage(
+            self._reply.usage = Usage(
                 input_tokens=len(self.context_ids),
                 cached_tokens=min(self._previous_context, cached),
                 input_audio_tokens=audio,
@@ -412,12 +404,12 @@ class ThinkerSession:
     def reply_text(self) -> str:
         return self._reply.text if self._reply else ""
 
-    def reply_usage(self) -> ReplyUsage:
+    def reply_usage(self) -> Usage:
+        """The running (or last) reply's tokens, as `TurnDone.usage` reports them: a fresh copy."""
         if self._reply is None:
-            return ReplyUsage()
-        usage = ReplyUsage(**vars(self._reply.usage))
-        usage.output_tokens = len(self._reply.token_ids)
-        return usage
+            return Usage()
+        output = len(self._reply.token_ids)
+        return msgspec.structs.replace(self._reply.usage, output_tokens=output, output_text_tokens=output)
 
     def truncate_reply(self, heard_tokens: int) -> str:
         """`truncate_work` run alone (see there)."""
