@@ -12,7 +12,8 @@ their packets are timed by a loop the server does not share even when the server
 the caller of `run_level` (the tests').
 
 Measured per level:
-- `invite_to_200_ms`: the INVITE leaving to its 200 OK arriving.
+- `invite_to_200_ms`: the INVITE leaving to its 200 OK arriving (`invite_to_webhook_ms`: to
+  its webhook arriving; the rest is the accept: the session's start and the answer).
 - `first_reply_after_speech_ms`: the caller's last speech packet leaving to the first reply
   packet (the first that is not the server's G.711 silence) arriving.
 - `jitter_ms`: |inter-arrival - 20 ms| of the packets from a reply's first to its last.
@@ -83,13 +84,16 @@ class _Webhooks:
         self.base_url = base_url
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.digits: dict[str, list[str]] = {}
+        self.announced: dict[str, float] = {}  # sip Call-ID -> when its webhook arrived (monotonic s)
         self.errors: list[str] = []
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
+        self.http: Any = None  # one client for every accept: making one costs ms of this loop (its TLS context)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
+            arrived = time.monotonic()
             length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
             body = json.loads(await reader.readexactly(length))
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -98,6 +102,7 @@ class _Webhooks:
             writer.close()
         data = body["data"]
         sip_call = next(h["value"] for h in data["sip_headers"] if h["name"].lower() == "call-id")
+        self.announced[sip_call] = arrived
         task = asyncio.create_task(self._answer(data["call_id"], sip_call))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -107,8 +112,7 @@ class _Webhooks:
         import websockets
 
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=10) as http:
-                answer = await http.post(f"/v1/realtime/calls/{call_id}/accept", json={"type": "realtime", "instructions": "Answer briefly."})
+            answer = await self.http.post(f"/v1/realtime/calls/{call_id}/accept", json={"type": "realtime", "instructions": "Answer briefly."})
             if answer.status_code != 200:
                 self.errors.append(f"accept: {answer.status_code}")
                 return
@@ -178,6 +182,8 @@ class _Caller:
             self._request("INVITE", 1, _offer(rtp_port))
             ok = await self._final("INVITE", timeout=15)
             result["invite_to_200_ms"] = (time.monotonic() - sent) * 1000
+            if self.call_id in hooks.announced:
+                result["invite_to_webhook_ms"] = (hooks.announced[self.call_id] - sent) * 1000
             if ok.status_code != 200:
                 result["error"] = f"INVITE answered {ok.status_code}"
                 self._request("ACK", 1, branch=self.branch)
@@ -278,6 +284,7 @@ def _summary(results: list[dict[str, Any]], calls: int) -> dict[str, Any]:
         "calls": calls,
         "answered": sum(1 for r in results if "first_reply_ms" in r or r.get("dtmf_sent")),
         "invite_to_200_ms": dist("invite_to_200_ms"),
+        "invite_to_webhook_ms": dist("invite_to_webhook_ms"),
         "first_reply_after_speech_ms": dist("first_reply_ms"),
         "jitter_ms": stats.summarize(jitter),
         "reply_packets": sum(r.get("reply_packets", 0) for r in results),
@@ -292,7 +299,11 @@ async def _callers(args: argparse.Namespace) -> dict[str, Any]:
 
     speech = g711(np.load(args.speech), "audio/pcmu")
     silence = g711(np.zeros(160, np.float32), "audio/pcmu")
+    import httpx
+    import websockets  # noqa: F401 - imported before the calls start, not inside the first one
+
     hooks = _Webhooks(args.url, args.api_key)
+    hooks.http = httpx.AsyncClient(base_url=args.url, headers=hooks.headers, timeout=10)
     listener = await asyncio.start_server(hooks.handle, "127.0.0.1", args.webhook_port)
     host, port = args.sip.rsplit(":", 1)
     try:
@@ -302,6 +313,7 @@ async def _callers(args: argparse.Namespace) -> dict[str, Any]:
         listener.close()
         for task in list(hooks.tasks):
             task.cancel()
+        await hooks.http.aclose()
     reports = [r if isinstance(r, dict) else {"error": f"{type(r).__name__}: {r}"[:120]} for r in results]
     summary = _summary(reports, args.calls)
     for error in hooks.errors:
