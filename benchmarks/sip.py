@@ -15,7 +15,9 @@ Measured per level:
 - `invite_to_200_ms`: the INVITE leaving to its 200 OK arriving (`invite_to_webhook_ms`: to
   its webhook arriving; the rest is the accept: the session's start and the answer).
 - `first_reply_after_speech_ms`: the caller's last speech packet leaving to the first reply
-  packet (the first that is not the server's G.711 silence) arriving.
+  packet (the first that is not the server's G.711 silence) arriving;
+  `speech_stopped_after_speech_ms`: to the sideband's `input_audio_buffer.speech_stopped`
+  arriving (VAD's silence window and the inbound path; the rest is the reply's own TTFA).
 - `jitter_ms`: |inter-arrival - 20 ms| of the packets from a reply's first to its last.
 - `late_packets`: packets of that span arriving more than 20 ms behind the schedule their RTP
   timestamps set (against the span's earliest-arriving packet).
@@ -84,6 +86,7 @@ class _Webhooks:
         self.base_url = base_url
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.digits: dict[str, list[str]] = {}
+        self.stopped: dict[str, float] = {}  # sip Call-ID -> when the sideband said speech_stopped (the first)
         self.announced: dict[str, float] = {}  # sip Call-ID -> when its webhook arrived (monotonic s)
         self.errors: list[str] = []
         self.tasks: set[asyncio.Task] = set()
@@ -122,7 +125,9 @@ class _Webhooks:
                 self.changed.set()
                 async for text in socket:
                     event = json.loads(text)
-                    if event.get("type") == "input_audio_buffer.dtmf_event_received":
+                    if event.get("type") == "input_audio_buffer.speech_stopped":
+                        self.stopped.setdefault(sip_call, time.monotonic())
+                    elif event.get("type") == "input_audio_buffer.dtmf_event_received":
                         keys.append(event["event"])
                         self.changed.set()
         except (OSError, websockets.exceptions.WebSocketException, httpx.HTTPError) as exc:
@@ -216,6 +221,8 @@ class _Caller:
                 last = max(i for i, a in enumerate(span) if a[2] != silence)
                 reply = span[first:last + 1]
                 result["first_reply_ms"] = (reply[0][0] - speech_end) * 1000
+                if self.call_id in hooks.stopped:
+                    result["speech_stopped_ms"] = (hooks.stopped[self.call_id] - speech_end) * 1000
                 result["jitter_ms"] = [abs((b[0] - a[0]) * 1000 - 20) for a, b in zip(reply, reply[1:])]
                 offsets = [t - ts / 8000 for t, ts, _ in reply]
                 result["late_packets"] = sum(1 for o in offsets if o - min(offsets) > FRAME_S)
@@ -286,6 +293,7 @@ def _summary(results: list[dict[str, Any]], calls: int) -> dict[str, Any]:
         "invite_to_200_ms": dist("invite_to_200_ms"),
         "invite_to_webhook_ms": dist("invite_to_webhook_ms"),
         "first_reply_after_speech_ms": dist("first_reply_ms"),
+        "speech_stopped_after_speech_ms": dist("speech_stopped_ms"),
         "jitter_ms": stats.summarize(jitter),
         "reply_packets": sum(r.get("reply_packets", 0) for r in results),
         "late_packets": sum(r.get("late_packets", 0) for r in results),

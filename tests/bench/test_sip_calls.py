@@ -29,5 +29,6 @@ async def test_one_call_is_answered_hears_a_reply_and_delivers_every_dtmf_digit(
         assert level[key]["n"] == 1 and level[key]["p50"] > 0
     # three 200 ms chunks of reply: about 30 packets, each gap timed
     assert 25 <= level["reply_packets"] <= 40 and level["jitter_ms"]["n"] == level["reply_packets"] - 1
+    assert 0 < level["speech_stopped_after_speech_ms"]["p50"] < level["first_reply_after_speech_ms"]["p50"]
     assert level["late_packets"] >= 0 and 0 < level["invite_to_webhook_ms"]["p50"] <= level["invite_to_200_ms"]["p50"]
     assert "INVITE->200 p50/95 ms" in capsys.readouterr().out
