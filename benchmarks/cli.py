@@ -1,6 +1,6 @@
-"""`sgl-omni bench [realtime] [speech] [components] [soak] [options]`; `sgl-omni bench --compare A.json B.json`.
+"""`sgl-omni bench [realtime] [speech] [components] [soak] [sip] [options]`; `sgl-omni bench --compare A.json B.json`.
 
-With no scenario named, all but `soak` run (`soak`: minutes of sessions that keep talking,
+With no scenario named, all but `soak` and `sip` run (`sip`: phone calls over SIP/RTP, benchmarks/sip.py) (`soak`: minutes of sessions that keep talking,
 benchmarks/soak.py; named alone, it is the only one). Without `--url` the harness starts the server itself
 (`python -m session_server.cli serve --enable-realtime` on 127.0.0.1, a free port, the profile
 of `--config` or the embedded default), waits for /health, runs, and stops it. The direct
@@ -31,7 +31,7 @@ from benchmarks import report
 from benchmarks.fixtures import QUICK_SENTENCE, SENTENCES, make_utterance
 from graph.sched import POLICIES, SERVER_DEFAULT, policy_of
 
-SCENARIOS = ("realtime", "webrtc", "speech", "components", "soak")
+SCENARIOS = ("realtime", "webrtc", "speech", "components", "soak", "sip")
 DEFAULT_SCENARIOS = ("realtime", "webrtc", "speech", "components")
 
 
@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--capacity-limit", type=int, default=160, help="realtime: the largest session count the capacity search tries (default 160)")
     load.add_argument("--turn-timeout", type=float, default=60.0, help="realtime: seconds a turn may wait for its reply")
     load.add_argument("--webrtc-sessions", type=_ints, help="webrtc: concurrent calls per level (default 1,2; quick 1)")
+    load.add_argument("--calls", type=_ints, help="sip: concurrent calls per level (default 1,20; quick 1)")
+    load.add_argument("--sip", metavar="HOST:PORT", help="sip, with --url: the server's SIP endpoint (its sip.webhook_url must reach "
+                      "http://127.0.0.1:<--sip-webhook-port>/webhook, its secret benchmarks.sip.WEBHOOK_SECRET)")
+    load.add_argument("--sip-webhook-port", type=int, help="sip: the port the callers take webhooks on (default: a free one)")
     load.add_argument("--concurrency", type=_ints, help="speech: concurrent requests per level (default 1,4,16,32; quick 1,2)")
     load.add_argument("--level-budget", type=float, help="speech: seconds each level keeps sending (default 15; quick 2)")
     load.add_argument("--batch-items", type=int, help="speech: items in the batch request (default 8; quick 2)")
@@ -192,6 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        for level in doc.get("realtime", {}).get("levels", []) if "window_perf_counter" in level]
             doc["unit_trace"] = unit_trace.summarize_when_written(args.unit_trace, windows or None)
             unit_trace.print_summaries(doc["unit_trace"], file=sys.stderr)
+    if "sip" in scenarios and "sip" not in doc:  # alone: on a server of its own
+        doc["sip"] = _run_sip(args, deadline, out)
     if "components" in scenarios:
         from benchmarks import components
         from benchmarks.server import ResourceMonitor
@@ -236,8 +242,11 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
             needed.append(args.capacity_limit)
         if "soak" in scenarios:
             needed.append(sessions[0])
+        sip_target = _sip_target(args) if "sip" in scenarios else None
+        if sip_target is not None:
+            needed += list(_sip_counts(args))
         context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace, sched=args.server_sched,
-                                max_seq_len=args.max_seq_len)
+                                max_seq_len=args.max_seq_len, sip=sip_target[2] if sip_target else None)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path,
                          "sched": (args.server_sched or SERVER_DEFAULT) if server.started_by_harness else policy_of(server.pid)}
@@ -293,6 +302,9 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
                     probe, list(levels),
                     one["ttfa_from_speech_stopped_ms"]["p50"], deadline, args.capacity_limit)
                 print(f"capacity: {doc['realtime']['capacity']['sessions']} sessions", file=sys.stderr)
+        if "sip" in scenarios and not args.url:  # on the same server: its TTFA is the realtime levels' to compare with
+            assert sip_target is not None
+            doc["sip"] = _sip_levels(args, server, sip_target[0], sip_target[1], deadline)
         if "soak" in scenarios:
             doc["soak"] = _run_soak(server, args, sessions[0], utterances, realtime_settings)
         if "webrtc" in scenarios:
@@ -306,6 +318,52 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
                 doc["speech"]["server"] = monitor.summary(1)
                 doc["speech"]["client_cpu_percent"] = client.cpu_percent()
                 print(f"speech: {len(doc['speech']['levels'])} levels done", file=sys.stderr)
+
+
+def _sip_counts(args) -> tuple[int, ...]:
+    return args.calls or ((1,) if args.quick else (1, 20))
+
+
+def _sip_target(args) -> tuple[tuple[str, int], int, dict[str, Any]]:
+    """For a server the harness starts: its SIP address, the callers' webhook port, its `sip:` section."""
+    from benchmarks import sip
+    from benchmarks.server import free_port
+
+    address = ("127.0.0.1", free_port())
+    webhook_port = args.sip_webhook_port or free_port()
+    return address, webhook_port, sip.sip_section(address[1], webhook_port)
+
+
+def _run_sip(args, deadline: float, out: Path) -> dict[str, Any]:
+    """The `sip` scenario alone: against `--url` and `--sip`, or a server the harness starts
+    with `--sip` on a free port."""
+    from benchmarks.server import ManagedServer, ServerHandle, free_port
+
+    if args.url:
+        if not args.sip:
+            return {"skipped": "--url needs --sip HOST:PORT (the server's SIP endpoint)"}
+        host, port = args.sip.rsplit(":", 1)
+        handle = ServerHandle(args.url.rstrip("/"), args.server_pid, "")
+        return _sip_levels(args, handle, (host, int(port)), args.sip_webhook_port or free_port(), deadline)
+    address, webhook_port, section = _sip_target(args)
+    with ManagedServer(args.config, max(_sip_counts(args)), out / f"{args.name}-sip-server.log", args.api_key, sched=args.server_sched, sip=section) as server:
+        return _sip_levels(args, server, address, webhook_port, deadline)
+
+
+def _sip_levels(args, server, address: tuple[str, int], webhook_port: int, deadline: float) -> dict[str, Any]:
+    from benchmarks import sip
+
+    utterance = make_utterance(QUICK_SENTENCE, args.fixtures)
+    levels = []
+    for count in _sip_counts(args):
+        if time.monotonic() > deadline:
+            levels.append({"calls": count, "skipped": "deadline reached"})
+            continue
+        level = sip.run_level(server.base_url, address, webhook_port, count, utterance, args.api_key)
+        levels.append(level)
+        print(f"sip N={count}: {level['answered']}/{count} answered, {level['errors']['count']} errors", file=sys.stderr)
+    print(sip.render([level for level in levels if "skipped" not in level]))
+    return {"levels": levels, "speech_s": round(utterance.seconds, 2), "source": utterance.source}
 
 
 def _run_soak(server, args, sessions: int, utterances, settings) -> dict[str, Any]:

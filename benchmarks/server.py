@@ -87,8 +87,9 @@ class ManagedServer:
     """A server subprocess for the length of a `with` block."""
 
     def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0,
-                 unit_trace: str | None = None, sched: str | None = None, max_seq_len: int | None = None):
+                 unit_trace: str | None = None, sched: str | None = None, max_seq_len: int | None = None, sip: dict[str, Any] | None = None):
         self.config = config
+        self.sip = sip  # the profile's `sip:` section, served with `--sip <its listen>`
         self.max_seq_len = max_seq_len
         self.sched = sched
         self.unit_trace = unit_trace
@@ -105,6 +106,8 @@ class ManagedServer:
         profile = bench_profile(self.config, self.max_sessions, self.max_seq_len)
         if self.unit_trace:
             profile.setdefault("compute", {})["unit_trace"] = str(Path(self.unit_trace).resolve())
+        if self.sip:
+            profile["sip"] = self.sip
         # Kept beside the log: the exact profile that was measured.
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.profile_path = self.log_path.with_name(self.log_path.stem.removesuffix("-server") + "-profile.yaml")
@@ -115,6 +118,8 @@ class ManagedServer:
             command += ["--api-key", self.api_key]
         if self.sched:
             command += ["--server-sched", self.sched]
+        if self.sip:
+            command += ["--sip", self.sip["listen"]]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed with it
         started = time.perf_counter()
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

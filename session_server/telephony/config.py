@@ -9,6 +9,8 @@
         voice: Chelsie                #   (its `customParameters` instructions/voice on top)
       answer_timeout_s: 10            # a call nobody accepts by then is rejected (480)
       media_timeout_s: 30             # a call whose media stops this long ends (BYE / stream closed)
+      rtp_latching: false             # a caller whose SDP names a private address (behind NAT):
+                                      #   its first RTP packet's source becomes the peer
 
 The SIP endpoint (sip.py) reads all of it; the carrier media stream (`/v1/telephony/twilio`,
 twilio.py) reads `accept` and `media_timeout_s` (docs/telephony.md).
@@ -33,6 +35,7 @@ class SipSection(msgspec.Struct, forbid_unknown_fields=True):
     accept: dict[str, Any] = {}
     answer_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     media_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    rtp_latching: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class TelephonyConfig:
     accept: dict[str, Any] = field(default_factory=dict)
     answer_timeout_s: float = 10.0
     media_timeout_s: float = 30.0
+    rtp_latching: bool = False  # symmetric RTP for callers behind NAT (sip_media.py)
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any] | None) -> TelephonyConfig:
@@ -53,7 +57,7 @@ class TelephonyConfig:
         if section.webhook_url is not None and not section.webhook_secret:
             raise ValueError("sip.webhook_secret: a webhook_url needs a secret to sign its webhooks with")
         return cls(listen, section.webhook_url, section.webhook_secret, dict(section.accept),
-                   section.answer_timeout_s, section.media_timeout_s)
+                   section.answer_timeout_s, section.media_timeout_s, section.rtp_latching)
 
 
 def parse_listen(value: str, key: str = "--sip") -> tuple[str, int]:

@@ -321,7 +321,7 @@ class SipEndpoint:
             local_ip = self._local_ip(invite.source_addr[0])
             assert invite.sdp_offer is not None and invite.sdp_offer.rtp_address is not None
             rtp = await open_rtp(pending.id, local_ip, invite.sdp_offer.rtp_address, pending.payload_type,
-                                 pending.dtmf_payload_type or DEFAULT_DTMF_PAYLOAD_TYPE)
+                                 pending.dtmf_payload_type or DEFAULT_DTMF_PAYLOAD_TYPE, self.config.rtp_latching)
             self._still_pending(pending)
             wire = RtpWire(rtp, pending.kind, lambda reason: self._send_bye(invite))
             call = await start_call(self.state, self.calls, pending.id, protocol, wire, "sip", self.config.media_timeout_s,

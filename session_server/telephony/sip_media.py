@@ -8,7 +8,11 @@
   goes out), conceals lost packets, and hands decoded 16-bit PCM on; RFC 4733 telephone-events
   share its sequence space and come out once per key, at the event's first end packet.
   A packet from any address but the one the SDP offer named is dropped (and the first such
-  drop logged), so nobody who guesses the port can speak into a call.
+  drop logged), so nobody who guesses the port can speak into a call. With `sip.rtp_latching`
+  and an offer naming an address that is not public (a phone behind NAT writes its LAN
+  address), the first RTP packet's source becomes the peer instead, both ways (symmetric RTP,
+  RFC 4961): whoever sends first to the port before the caller does takes the call's media,
+  the price of reaching callers behind NAT, hence off by default.
 - Outbound: the call's pacer (phone_call.py) ticks every 20 ms; each tick sends one packet,
   reply audio or G.711 silence, so the far end sees a steady stream (a carrier's own media
   timeout never fires during a silence) and the RTP timestamps advance 160 per packet.
@@ -18,6 +22,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Any
 
@@ -31,13 +36,20 @@ log = logging.getLogger("session_server.telephony")
 
 
 class PeerRtpSession(RTPSession):
-    """aiortp's session, taking RTP only from `peer` (the address the SDP offer named)."""
+    """aiortp's session, taking RTP only from `peer` (the address the SDP offer named, or
+    with `latch` the first packet's source)."""
 
     peer: tuple[str, int] | None = None  # set once created; until then nothing is taken
+    latch = False  # the next packet's source becomes the peer (once)
     call_id = "?"
     dropped = 0
 
     def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.latch and self.peer is not None:
+            self.latch = False
+            log.info("call %s: RTP latched to %s:%s (the offer named %s)", self.call_id, addr[0], addr[1], self.peer)
+            self.peer = (str(addr[0]), int(addr[1]))
+            self.update_remote(self.peer)
         if self.peer is None or (str(addr[0]), int(addr[1])) != self.peer:
             self.dropped += 1
             if self.dropped == 1:
@@ -46,12 +58,25 @@ class PeerRtpSession(RTPSession):
         super()._handle_rtp(data, addr)
 
 
-async def open_rtp(call_id: str, local_ip: str, peer: tuple[str, int], payload_type: int, dtmf_payload_type: int) -> PeerRtpSession:
-    """Bind an RTP (and RTCP) socket on `local_ip`, any free port, toward `peer`."""
+def is_public(host: str) -> bool:
+    """Whether `host` is an address a caller could be reached at from elsewhere (loopback
+    counts: a caller on this host names its real address)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return True  # a name: taken as written
+    return address.is_global or address.is_loopback
+
+
+async def open_rtp(call_id: str, local_ip: str, peer: tuple[str, int], payload_type: int, dtmf_payload_type: int,
+                   latching: bool = False) -> PeerRtpSession:
+    """Bind an RTP (and RTCP) socket on `local_ip`, any free port, toward `peer`; with
+    `latching` and a `peer` that is not public, toward the first packet's source instead."""
     session = await PeerRtpSession.create(local_addr=(local_ip, 0), remote_addr=peer, payload_type=payload_type,
                                           clock_rate=PHONE_RATE, dtmf_payload_type=dtmf_payload_type)
     session.call_id = call_id
     session.peer = peer
+    session.latch = latching and not is_public(peer[0])
     return session
 
 

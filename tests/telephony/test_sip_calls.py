@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.conftest import http_client, running_server
-from tests.telephony.sip_phone import RATE, SipPhone
+from tests.telephony.sip_phone import RATE, SipPhone, sdp_offer
 from tests.telephony.test_twilio_streams import API_KEY, phone_calls, phone_profile, sideband
 from tests.webrtc.helpers import dominant_hz, rms, until_true, utterance
 
@@ -351,3 +351,35 @@ async def test_twenty_concurrent_calls_each_get_their_own_reply():
         # two 200 ms tones each: about 20 loud packets per call (one reply, not another call's too)
         assert all(17 <= n <= 23 for n in loud), loud
         await until_true(lambda: server.runtime.count("realtime") == 0 and len(phone_calls(server)) == 0)
+
+
+async def behind_nat(phone: SipPhone) -> None:
+    """INVITE as a phone behind NAT does: its SDP names its LAN address (nothing listens there)."""
+    phone.request("INVITE", sdp_offer(phone.rtp_port).replace("IN IP4 127.0.0.1", "IN IP4 192.168.1.20"))
+    final = await phone.final_response()
+    assert final.status_code == 200, final.status_code
+    phone.accept_answer(final)
+
+
+async def test_with_rtp_latching_a_caller_behind_nat_is_answered_at_the_source_of_its_first_packet():
+    async with running_server(sip_profile(reply={"words": 2, "chunk_ms": 200}, rtp_latching=True), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            await behind_nat(phone)
+            await until_true(lambda: len(live_sip_calls(server)) == 1)
+            call = live_sip_calls(server)[0]
+            assert call.wire.rtp.peer == ("192.168.1.20", phone.rtp_port)
+            await phone.play(utterance(rate=RATE), RATE)
+            assert call.wire.rtp.peer == ("127.0.0.1", phone.rtp_port) and call.wire.rtp.dropped == 0
+            # the reply comes back to where the caller's packets came from
+            await until_true(lambda: len(loud_frames(phone.heard_audio())) >= 10, timeout=40)
+
+
+async def test_without_rtp_latching_the_offers_private_address_stays_the_peer():
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            await behind_nat(phone)
+            await until_true(lambda: len(live_sip_calls(server)) == 1)
+            call = live_sip_calls(server)[0]
+            await phone.play(utterance(rate=RATE), RATE)
+            await until_true(lambda: call.wire.rtp.dropped >= 10)
+            assert call.wire.rtp.peer == ("192.168.1.20", phone.rtp_port)
