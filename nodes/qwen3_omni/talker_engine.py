@@ -52,6 +52,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoePreTrainedModelForConditionalGeneration,
 )
 
+from nodes.qwen3_omni.captured import FrameUnit
 from nodes.qwen3_omni.slot_cache import padded_group
 from nodes.qwen3_omni.talker_history import ASSISTANT_HEADER_TOKENS, TalkerHistory
 from nodes.qwen3_omni.talker_model import TalkerModel
@@ -401,6 +402,16 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
             results[index] = logits
         else:
             prefilled[index] = logits
+    if decoding:
+        batch = [replies[index] for index in decoding]
+        unit = _frame_unit(batch)
+        if unit is not None:  # the decode frames as one captured unit (captured.py)
+            try:
+                _captured_frames(unit, batch, decoding, results)
+            except Exception as exc:  # noqa: BLE001 - the unit failed for all its replies
+                for index in decoding:
+                    results[index] = exc
+            decoding = []
     decoded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [B, V], hidden [B, 1, D])
     if decoding:
         try:
@@ -444,6 +455,34 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
         reply.frames += 1
         results[rows[started[row]]] = frames[row]
     return results
+
+
+def _frame_unit(replies: list[TalkerReply]) -> FrameUnit | None:
+    """The talker's captured frame unit when `compute: {graphs: auto}` and it can take these
+    decode steps; None: the eager path."""
+    talker = replies[0].talker
+    if talker.graphs == "off":
+        return None
+    unit = talker.frame_unit
+    if unit is None:
+        unit = talker.frame_unit = FrameUnit(talker, TalkerSlots.for_model(talker))
+    return unit if unit.usable(replies) else None
+
+
+def _captured_frames(unit: FrameUnit, replies: list[TalkerReply], indices: list[int], results: list[Any]) -> None:
+    """One frame of `replies` (all decoding) through `unit`: their codes accepted as the eager
+    path accepts them (a codec EOS ends its reply with no frame), one host read for all."""
+    codes, next_embeds, hidden, positions = unit.run(replies)
+    codes = codes if codes.device.type == "cpu" else codes.to("cpu")  # the frame's one host read
+    listed = codes.tolist()  # (of a host tensor: no second read)
+    for row, (reply, index) in enumerate(zip(replies, indices)):
+        reply._last_hidden = hidden[row : row + 1, None]
+        reply._last_position = positions[:, row : row + 1, None]
+        if not reply._accept(listed[row][0]):
+            continue
+        reply._next_embeds = next_embeds[row : row + 1, None]
+        reply.frames += 1
+        results[index] = codes[row]
 
 
 # The padded positions (rows x longest) one talker forward of several replies' prefills may hold;

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from nodes.qwen3_omni.captured import check_graphs, graphs_of
 from nodes.qwen3_omni.code_predictor import CodePredictor
 
 __all__ = ["TalkerModel"]
@@ -46,8 +47,12 @@ class _ConfigView:
 class TalkerModel:
     """The shared half: model handles, codec special ids and the tts special embeddings."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, graphs: str | None = None):
         self.model = model
+        # `compute: {graphs}`: "auto" runs decode frames as one captured unit where it applies
+        # (captured.py), "off" the eager path. None: what `captured.set_graphs` set on the model.
+        self.graphs = check_graphs(graphs) if graphs is not None else graphs_of(model)
+        self.frame_unit: Any = None  # captured.FrameUnit, built at the first decode frame
         self.talker = model.talker
         self.thinker_embeddings = model.thinker.get_input_embeddings()
         config = model.config

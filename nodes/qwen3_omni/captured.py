@@ -1,0 +1,364 @@
+"""Captured steps (`compute: {graphs: auto | off}`): the talker's frame as ONE unit.
+
+A talker frame of B replies is a chain of small steps: the talker's decode forward, its code,
+then the code predictor's `num_code_groups - 1` sequential forwards, each with its own pick.
+Eager (talker_engine.py's `step_replies`), every operator is a Python call and, on a GPU, a
+kernel launch, and the talker code is read to the host mid-frame. `FrameUnit` runs the same
+arithmetic as one function of tensors only (`frame`): no host read inside it, no Python
+decision on device values, every shape fixed by the padded batch size and the KV's capacity, so
+
+- on CUDA it is captured as a CUDA graph per padded batch size (1, 2, 4, 8, 16, 32, 64) on
+  static input/output buffers and replayed: one launch for the whole frame. Its KV is the
+  talker's slot cache (talker_slots.py) read at its full capacity under a mask; a cache that
+  grows (new buffers) is captured again. Padding rows read and write a scratch row of that
+  cache. What capture cannot take (a seeded reply's own generator, an experts implementation
+  that syncs) falls back to eager for that batch, once logged;
+- on CPU it runs as it is written: the frame without the eager path's bookkeeping (no
+  `SlotBatch`, no per-group callbacks, no mid-frame host read, one host copy of all codes at
+  the end). The codes are picked by the eager path's own functions (talker_sampling.py): the
+  same greedy codes and, for seeded replies, the same draws. docs/notebook/2026-12-07-captured-
+  talker.md says what else was measured on CPU (torch.compile) and why this is what runs.
+
+The layers are lean_decode.py's (the same ops as the eager decode step: logits equal to float
+rounding, greedy codes equal; tests/model/test_captured_talker.py holds it frame by frame,
+with padding rows and replies joining and leaving between frames).
+
+`set_graphs(omni, graphs)` sets the default of every `TalkerModel` built on that model later
+(the GPU probe's and the benchmarks' switch); a profile's `compute: {graphs}` reaches the talker
+node through its context.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from nodes.qwen3_omni.lean_decode import _mlp, _moe, _rms_norm, _rotate, signed_sin
+from nodes.qwen3_omni.talker_sampling import residual_codes, talker_codes
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.talker_model import TalkerModel
+    from nodes.qwen3_omni.talker_slots import TalkerSlots
+
+log = logging.getLogger(__name__)
+
+GRAPHS = ("auto", "off")
+# The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
+PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
+TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
+
+
+def check_graphs(graphs: str) -> str:
+    if graphs not in GRAPHS:
+        raise ValueError(f"compute.graphs must be one of {', '.join(GRAPHS)}, not {graphs!r}")
+    return graphs
+
+
+def set_graphs(omni: Any, graphs: str) -> None:
+    """Make `graphs` the default of the talkers built on `omni` (an `OmniModel` or its HF model) from now on."""
+    model = getattr(omni, "model", omni)
+    model._sgl_compute_graphs = check_graphs(graphs)
+
+
+def graphs_of(model: Any) -> str:
+    """The default `set_graphs` gave `model` ("auto" when none)."""
+    return getattr(model, "_sgl_compute_graphs", "auto")
+
+
+def padded_batch(rows: int) -> int | None:
+    """The padded batch size `rows` replies run at (None: more than the largest)."""
+    for size in PADDED_BATCHES:
+        if rows <= size:
+            return size
+    return None
+
+
+class FrameInputs:
+    """One frame's inputs for `B` replies, built on the host side of the unit (see `FrameUnit.frame`)."""
+
+    __slots__ = ("prev_embeds", "text_ids", "text_kind", "positions", "rows", "starts", "seen", "penalty")
+
+    def __init__(self, prev_embeds, text_ids, text_kind, positions, rows, starts, seen, penalty):
+        self.prev_embeds = prev_embeds  # [B, D]: the summed code embeddings of each reply's last frame
+        self.text_ids = text_ids  # [B] long: the reply token each step reads (0 where it reads tts_eos/pad)
+        self.text_kind = text_kind  # [B] long: TEXT_TOKEN, TEXT_EOS or TEXT_PAD
+        self.positions = positions  # [4, B] long: each reply's last position (text row, 3 rope rows)
+        self.rows = rows  # [B] long: each reply's row in the slot cache
+        self.starts = starts  # [B] long: the column its step writes (the row's length)
+        self.seen = seen  # [B, V] bool: the codes the reply's talker emitted (repetition penalty)
+        self.penalty = penalty  # [B, 1] float32: its repetition penalty (1.0: none)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.__slots__]
+
+
+class FrameUnit:
+    """One talker's frame unit (shared by every reply on that talker; see the module docstring)."""
+
+    def __init__(self, talker: TalkerModel, slots: TalkerSlots):
+        self.talker = talker
+        self.slots = slots
+        self.device = talker.device
+        self.cuda = self.device.type == "cuda"
+        predictor = talker.code_predictor
+        self.predictor = predictor
+        self.layers = slots.lean_decode.layers
+        self.hidden_size = slots.lean_decode.hidden_size
+        self.norm, self.norm_eps = slots.lean_decode.norm, slots.lean_decode.norm_eps
+        self.rotary = talker.talker.model.rotary_emb
+        self.codec_head = talker.talker.codec_head
+        self.text_projection = talker.talker.text_projection
+        self.thinker_embed = talker.thinker_embeddings.weight
+        self.codec_embed = talker.talker.get_input_embeddings()
+        weight = self.codec_head.weight
+        self.dtype = weight.dtype
+        self.width = weight.shape[1]
+        self.tts = torch.cat((talker.tts_eos, talker.tts_pad), dim=1)[0]  # [2, D]
+        self.lean_predictor = predictor.lean
+        heads = predictor.predictor.lm_head
+        self.heads = [(head.weight, head.bias) for head in heads]
+        tables = predictor.predictor.model.codec_embedding
+        self.tables = [(table.weight, table.padding_idx) for table in tables]
+        self.groups = talker.num_code_groups
+        self.frames = 0  # frames this unit ran (tests read it)
+        self.replays = 0  # of which replayed CUDA graphs
+        self._graphs: dict[int, _Graph] = {}
+        self._failed: set[int] = set()
+        self._scratch: int | None = None
+        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ when it applies
+
+    def usable(self, replies: list[Any]) -> bool:
+        """Whether `run` can take these decode steps now (else the eager path runs them)."""
+        if not (self.slots.lean_decode.usable() and self.predictor.stack.usable() and self.predictor.lean.usable()):
+            return False
+        if self.predictor._mask_free.get(self.predictor.predictor.model.config._attn_implementation) is not True:
+            return False
+        if self.cuda:
+            size = padded_batch(len(replies))
+            if size is None or size in self._failed:
+                return False
+            if any(reply.sampling.do_sample for reply in replies):
+                return False  # draws on the device: issue 32 item 3
+        return True
+
+    # ------------------------------------------------------------------ one frame of B replies
+
+    @torch.inference_mode()
+    def run(self, replies: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode step and code predictor pass of `replies` (each in phase "decode"): their
+        frames [B, G] (long), the summed code embeddings [B, D],
+        the talker's outputs [B, D] and the positions [4, B] of the step. Commits each reply's
+        KV column; the caller accepts the codes (talker_engine.py)."""
+        slots = self.slots
+        cache = slots.cache
+        for reply in replies:
+            if getattr(reply, "_slot", None) is None:
+                slots.join(reply)
+        with cache.lock:
+            starts = [cache.lengths[reply._slot] for reply in replies]
+            cache._ensure_capacity(max(starts) + 1)
+            inputs = self._inputs(replies, starts)
+            if self.cuda:
+                outputs = self._captured(inputs, replies, max(starts) + 1)
+            else:
+                outputs = self.frame(inputs, max(starts) + 1, replies)
+            for reply, start in zip(replies, starts):
+                cache.lengths[reply._slot] = start + 1
+        self.frames += 1
+        codes, next_embeds, hidden, positions = outputs
+        return codes, next_embeds, hidden, positions
+
+    def _inputs(self, replies: list[Any], starts: list[int]) -> FrameInputs:
+        talker = self.talker
+        ids, kinds = [], []
+        for reply in replies:
+            text = reply._text_input(reply.frames)
+            if isinstance(text, int):
+                ids.append(text)
+                kinds.append(TEXT_TOKEN)
+            else:
+                ids.append(0)
+                kinds.append(TEXT_EOS if text is talker.tts_eos else TEXT_PAD)
+        host = torch.tensor([ids, kinds, [reply._slot for reply in replies], starts])  # one host->device copy
+        device = host.to(self.device, non_blocking=True) if self.cuda else host
+        if len(replies) == 1:
+            reply = replies[0]
+            prev, positions, seen = reply._next_embeds[0], reply._last_position[:, 0], reply.code_history.mask[None]
+        else:
+            prev = torch.cat([reply._next_embeds[0] for reply in replies])
+            positions = torch.cat([reply._last_position[:, 0] for reply in replies], dim=1)
+            seen = torch.stack([reply.code_history.mask for reply in replies])
+        return FrameInputs(prev, device[0], device[1], positions, device[2], device[3], seen, self._penalty(replies))
+
+    def _penalty(self, replies: list[Any]) -> torch.Tensor:
+        """[B, 1] repetition penalties, made once per combination (a handful: the profile's and
+        the replies' own)."""
+        values = tuple(float(reply.sampling.repetition_penalty) for reply in replies)
+        cached = self._penalties.get(values)
+        if cached is None:
+            if len(self._penalties) > 256:
+                self._penalties.clear()
+            cached = self._penalties[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
+        return cached
+
+    # ------------------------------------------------------------------ the unit itself
+
+    def frame(self, inputs: FrameInputs, kv_length: int, replies: list[Any] | None = None):
+        """The whole frame as tensor ops: (codes [B, G] long, summed code embeddings [B, D],
+        the talker's outputs [B, D], the step's positions [4, B]). `kv_length`: the KV columns
+        read (the cache's capacity when captured, the longest row + 1 eager). `replies`: pick
+        the codes through talker_sampling.py's functions (their settings, their generators);
+        None: greedy (what a CUDA graph captures)."""
+        cache = self.slots.cache
+        rows = inputs.rows.shape[0]
+        # The decode input: last frame's code embeddings + what the step reads (talker_engine.decode_inputs).
+        text = self.text_projection(F.embedding(inputs.text_ids, self.thinker_embed))  # [B, D]
+        special = self.tts.index_select(0, (inputs.text_kind - 1).clamp_(min=0))
+        embeds = torch.where((inputs.text_kind == TEXT_TOKEN)[:, None], text, special) + inputs.prev_embeds
+        positions = inputs.positions + 1  # [4, B]
+        cos, sin = self.rotary(embeds, positions[1:, :, None])  # [B, 1, head_dim]
+        sin = signed_sin(sin)
+        # Where each row's new key/value goes (flat [slots * kv_heads * capacity, head_dim]), and
+        # the columns each row sees (0 .. its start).
+        columns = ((inputs.rows[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
+                   + inputs.starts[:, None]).view(-1)
+        hidden_mask = cache._column_range[:kv_length][None, :] > inputs.starts[:, None]
+        mask = torch.zeros(hidden_mask.shape, dtype=cache.dtype, device=cache.device).masked_fill_(
+            hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B, 1, 1, kv]
+        hidden = embeds
+        for layer in self.layers:
+            x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
+            query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
+            key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
+            value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
+            heads = torch.cat((query, key), dim=1)
+            head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
+            heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
+            query = heads[:, : layer.heads].reshape(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
+            key = heads[:, layer.heads :]
+            keys, values = cache.keys[layer.index], cache.values[layer.index]
+            head_dim = keys.shape[-1]
+            keys.view(-1, head_dim).index_copy_(0, columns, key.reshape(-1, head_dim))
+            values.view(-1, head_dim).index_copy_(0, columns, value.reshape(-1, head_dim))
+            row_keys = keys[:, :, :kv_length].index_select(0, inputs.rows)
+            row_values = values[:, :, :kv_length].index_select(0, inputs.rows)
+            out = F.scaled_dot_product_attention(query, row_keys, row_values, attn_mask=mask, scale=layer.scaling)
+            hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
+            x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
+            hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))
+        hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)  # [B, D]
+        codes, next_embeds = self._codes(hidden, inputs, replies)
+        return codes, next_embeds, hidden, positions
+
+    def _codes(self, hidden: torch.Tensor, inputs: FrameInputs, replies: list[Any] | None):
+        """The talker's code and the code predictor's residual codes of each row, and the sum of
+        the frame's code embeddings (the order `generate()` sums them)."""
+        logits = F.linear(hidden, self.codec_head.weight, self.codec_head.bias).float()  # [B, V]
+        if replies is not None:
+            first = talker_codes(replies, logits, self.talker.suppress_mask)
+        else:
+            penalized = torch.where(logits < 0, logits * inputs.penalty, logits / inputs.penalty)
+            scores = torch.where(inputs.seen, penalized, logits)
+            first = torch.where(self.talker.suppress_mask, -float("inf"), scores).argmax(dim=-1)
+        first_embed = F.embedding(first[:, None], self.codec_embed.weight)  # [B, 1, D]
+        step = torch.cat((hidden[:, None], first_embed), dim=1)  # [B, 2, D]
+        predictor = self.predictor
+        ropes = predictor._ropes(step)
+        attention = predictor.stack.attention()
+        empty = step.new_empty(0)
+        keys: list[torch.Tensor] = [empty] * len(self.lean_predictor.layers)
+        values: list[torch.Tensor] = [empty] * len(self.lean_predictor.layers)
+        codes, embeds = [first], [first_embed]
+        for group in range(1, self.groups):
+            positions, cos, sin = ropes[group - 1]
+            out = self.lean_predictor(step, cos, sin, attention, keys, values, position_ids=positions, use_cache=True)
+            logits = F.linear(out, *self.heads[group - 1])[:, -1].float()  # the eager path's GEMM shape
+            code = residual_codes(replies, logits) if replies is not None else logits.argmax(dim=-1)
+            codes.append(code)
+            table, padding = self.tables[group - 1]
+            step = F.embedding(code[:, None], table, padding)
+            embeds.append(step)
+        return torch.stack(codes, dim=1), torch.cat(embeds, dim=1).sum(1)
+
+    # ------------------------------------------------------------------ CUDA graphs
+
+    def _captured(self, inputs: FrameInputs, replies: list[Any], kv_length: int):
+        """The frame through its padded size's CUDA graph; a size whose capture failed runs this
+        frame eager and later ones on the eager path (`usable`)."""
+        size = padded_batch(len(replies))
+        try:
+            return self._replay(inputs, len(replies))
+        except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
+            log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
+            self._failed.add(size)
+            self._graphs.pop(size, None)
+            return self.frame(inputs, kv_length)
+
+    def _replay(self, inputs: FrameInputs, rows: int):
+        size = padded_batch(rows)
+        assert size is not None
+        cache = self.slots.cache
+        key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
+        graph = self._graphs.get(size)
+        if graph is None or graph.key != key:
+            graph = self._graphs[size] = _Graph(self, size, key)
+        return graph.replay(inputs, rows)
+
+    def scratch_row(self) -> int:
+        """The slot cache row padding rows read and write (held for the unit's life)."""
+        if self._scratch is None:
+            self._scratch = self.slots.cache.acquire()
+        return self._scratch
+
+
+class _Graph:
+    """One padded batch size's captured frame: static inputs, the graph, its static outputs."""
+
+    def __init__(self, unit: FrameUnit, size: int, key: tuple[int, int, int]):
+        self.unit, self.size, self.key = unit, size, key
+        cache = unit.slots.cache
+        device = unit.device
+        scratch = unit.scratch_row()
+        vocab = unit.talker.vocab_size
+        self.inputs = FrameInputs(
+            torch.zeros((size, unit.width), dtype=unit.dtype, device=device),
+            torch.zeros(size, dtype=torch.long, device=device),
+            torch.full((size,), TEXT_PAD, dtype=torch.long, device=device),
+            torch.zeros((4, size), dtype=torch.long, device=device),
+            torch.full((size,), scratch, dtype=torch.long, device=device),
+            torch.zeros(size, dtype=torch.long, device=device),
+            torch.zeros((size, vocab), dtype=torch.bool, device=device),
+            torch.ones((size, 1), dtype=torch.float32, device=device),
+        )
+        self.graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up on the side stream (lazy inits, cuBLAS workspaces)
+                unit.frame(self.inputs, cache.capacity)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        with torch.cuda.graph(self.graph):
+            self.outputs = unit.frame(self.inputs, cache.capacity)
+        # The warm-ups and the capture wrote the scratch row only (every row was padding).
+
+    def replay(self, inputs: FrameInputs, rows: int):
+        static = self.inputs
+        for name in FrameInputs.__slots__:
+            target, value = getattr(static, name), getattr(inputs, name)
+            if name == "positions":
+                target[:, :rows].copy_(value, non_blocking=True)
+            else:
+                target[:rows].copy_(value, non_blocking=True)
+        if rows < self.size:  # padding rows: the scratch row, column 0
+            static.rows[rows:].fill_(self.unit.scratch_row())
+            static.starts[rows:].zero_()
+        self.graph.replay()
+        self.unit.replays += 1
+        codes, next_embeds, hidden, positions = self.outputs
+        return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
