@@ -30,13 +30,15 @@ node through its context.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.lean_decode import _mlp, _moe, _rms_norm, _rotate, signed_sin
+from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rms_norm, _rotate, signed_sin
 from nodes.qwen3_omni.talker_sampling import residual_codes, talker_codes
 
 if TYPE_CHECKING:
@@ -134,18 +136,29 @@ class FrameUnit:
     # ------------------------------------------------------------------ when it applies
 
     def usable(self, replies: list[Any]) -> bool:
-        """Whether `run` can take these decode steps now (else the eager path runs them)."""
-        if not (self.slots.lean_decode.usable() and self.predictor.stack.usable() and self.predictor.lean.usable()):
+        """Whether `run` can take these decode steps now (else the eager path runs them): the
+        lean layers apply (no hooks, the mirrored classes, a mask-free predictor)."""
+        predictor = self.predictor
+        if not (self.slots.lean_decode.usable() and predictor.stack.usable() and predictor.lean.usable()):
             return False
-        if self.predictor._mask_free.get(self.predictor.predictor.model.config._attn_implementation) is not True:
-            return False
-        if self.cuda:
-            size = padded_batch(len(replies))
-            if size is None or size in self._failed:
-                return False
-            if any(reply.sampling.do_sample for reply in replies):
-                return False  # draws on the device: issue 32 item 3
-        return True
+        return predictor._mask_free.get(predictor.predictor.model.config._attn_implementation) is True
+
+    def capturable(self, replies: list[Any]) -> int | None:
+        """The padded batch size these replies' frame replays at, or None: it runs as written
+        (more replies than the largest size, a size whose capture failed, sampled codes: the
+        draws on the device are issue 32 item 3; experts whose path depends on the data)."""
+        size = padded_batch(len(replies))
+        if size is None or size in self._failed or any(reply.sampling.do_sample for reply in replies):
+            return None
+        for layer in self.layers:
+            if not layer.moe:
+                continue
+            if not layer.dense_experts:  # the experts module: a CUDA capture fails on a sync (then eager)
+                if not self.cuda:
+                    return None
+            elif not self.cuda and _pairs_path(layer, size):
+                return None  # its experts are chosen on the host
+        return size
 
     # ------------------------------------------------------------------ one frame of B replies
 
@@ -164,8 +177,9 @@ class FrameUnit:
             starts = [cache.lengths[reply._slot] for reply in replies]
             cache._ensure_capacity(max(starts) + 1)
             inputs = self._inputs(replies, starts)
-            if self.cuda:
-                outputs = self._captured(inputs, replies, max(starts) + 1)
+            size = self.capturable(replies)
+            if size is not None:
+                outputs = self._captured(inputs, size, max(starts) + 1)
             else:
                 outputs = self.frame(inputs, max(starts) + 1, replies)
             for reply, start in zip(replies, starts):
@@ -288,27 +302,25 @@ class FrameUnit:
 
     # ------------------------------------------------------------------ CUDA graphs
 
-    def _captured(self, inputs: FrameInputs, replies: list[Any], kv_length: int):
-        """The frame through its padded size's CUDA graph; a size whose capture failed runs this
-        frame eager and later ones on the eager path (`usable`)."""
-        size = padded_batch(len(replies))
+    def _captured(self, inputs: FrameInputs, size: int, kv_length: int):
+        """The frame through its padded size's captured graph (made at its first use, and again
+        when the cache has grown); a size whose capture failed runs this frame as written and
+        later ones too (`capturable`)."""
+        rows = inputs.rows.shape[0]
+        cache = self.slots.cache
+        key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
         try:
-            return self._replay(inputs, len(replies))
+            graph = self._graphs.get(size)
+            if graph is None or graph.key != key:
+                graph = self._graphs[size] = _Graph(self, size, key)
+            outputs = graph.replay(inputs, rows)
         except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
             log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
             self._failed.add(size)
             self._graphs.pop(size, None)
             return self.frame(inputs, kv_length)
-
-    def _replay(self, inputs: FrameInputs, rows: int):
-        size = padded_batch(rows)
-        assert size is not None
-        cache = self.slots.cache
-        key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
-        graph = self._graphs.get(size)
-        if graph is None or graph.key != key:
-            graph = self._graphs[size] = _Graph(self, size, key)
-        return graph.replay(inputs, rows)
+        self.replays += 1
+        return outputs
 
     def scratch_row(self) -> int:
         """The slot cache row padding rows read and write (held for the unit's life)."""
@@ -317,15 +329,25 @@ class FrameUnit:
         return self._scratch
 
 
+def _pairs_path(layer: Any, tokens: int) -> bool:
+    """Whether lean_decode's `_experts` runs each chosen (token, expert) pair on its own for
+    `tokens` tokens on CPU (its condition: a host read of the chosen experts)."""
+    pairs = tokens * layer.top_k
+    count = layer.experts.gate_up_proj.shape[0]
+    return pairs * (layer.expert_bytes + PAIR_COST_BYTES) < count * layer.expert_bytes
+
+
 class _Graph:
-    """One padded batch size's captured frame: static inputs, the graph, its static outputs."""
+    """One padded batch size's captured frame on static input buffers: a CUDA graph on CUDA
+    (replay: one launch), a TorchScript trace on CPU (replay: the recorded aten calls, run from
+    C++ without a Python frame per operator). Both read the KV at the cache's full capacity
+    under the mask, so every shape is the size's; padding rows read and write the scratch row."""
 
     def __init__(self, unit: FrameUnit, size: int, key: tuple[int, int, int]):
         self.unit, self.size, self.key = unit, size, key
         cache = unit.slots.cache
         device = unit.device
         scratch = unit.scratch_row()
-        vocab = unit.talker.vocab_size
         self.inputs = FrameInputs(
             torch.zeros((size, unit.width), dtype=unit.dtype, device=device),
             torch.zeros(size, dtype=torch.long, device=device),
@@ -333,19 +355,29 @@ class _Graph:
             torch.zeros((4, size), dtype=torch.long, device=device),
             torch.full((size,), scratch, dtype=torch.long, device=device),
             torch.zeros(size, dtype=torch.long, device=device),
-            torch.zeros((size, vocab), dtype=torch.bool, device=device),
+            torch.zeros((size, unit.talker.vocab_size), dtype=torch.bool, device=device),
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
-        self.graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up on the side stream (lazy inits, cuBLAS workspaces)
-                unit.frame(self.inputs, cache.capacity)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        with torch.cuda.graph(self.graph):
-            self.outputs = unit.frame(self.inputs, cache.capacity)
-        # The warm-ups and the capture wrote the scratch row only (every row was padding).
+        capacity = cache.capacity
+        self.cuda = unit.cuda
+        if self.cuda:
+            self.graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
+                    unit.frame(self.inputs, capacity)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            with torch.cuda.graph(self.graph):
+                self.outputs = unit.frame(self.inputs, capacity)
+        else:
+            def frame(*tensors: torch.Tensor):
+                return unit.frame(FrameInputs(*tensors), capacity)
+
+            with warnings.catch_warnings(), _weights_as_constants(unit.talker):
+                warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
+                self.trace = torch.jit.trace(frame, tuple(self.inputs.tensors()), check_trace=False)
+        # Every row of the warm-ups, capture and trace was padding: they wrote the scratch row only.
 
     def replay(self, inputs: FrameInputs, rows: int):
         static = self.inputs
@@ -358,7 +390,26 @@ class _Graph:
         if rows < self.size:  # padding rows: the scratch row, column 0
             static.rows[rows:].fill_(self.unit.scratch_row())
             static.starts[rows:].zero_()
-        self.graph.replay()
-        self.unit.replays += 1
-        codes, next_embeds, hidden, positions = self.outputs
-        return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
+        if self.cuda:
+            self.graph.replay()
+            codes, next_embeds, hidden, positions = self.outputs
+            return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
+        codes, next_embeds, hidden, positions = self.trace(*static.tensors())
+        if rows == self.size:
+            return codes, next_embeds, hidden, positions
+        return codes[:rows], next_embeds[:rows], hidden[:rows], positions[:, :rows]
+
+
+@contextlib.contextmanager
+def _weights_as_constants(talker: TalkerModel):
+    """The tracer records the weights as constants, which it refuses to do with tensors that
+    require grad: the talker's and the thinker embeddings' parameters do not while it traces."""
+    parameters = [p for module in (talker.talker, talker.thinker_embeddings) for p in module.parameters()
+                  if p.requires_grad]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in parameters:
+            parameter.requires_grad_(True)
