@@ -10,8 +10,8 @@ decision on device values, every shape fixed by the padded batch size and the KV
 - on CUDA it is captured as a CUDA graph per padded batch size (1, 2, 4, 8, 16, 32, 64) on
   static input/output buffers and replayed: one launch for the whole frame. Its KV is the
   talker's slot cache (talker_slots.py) read at its full capacity under a mask; a cache that
-  grows (new buffers) is captured again. Padding rows read and write a scratch row of that
-  cache. What capture cannot take (a seeded reply's own generator, an experts implementation
+  grows (new buffers) is captured again. Padding rows read the frame's first row and write
+  its last column (past every row of the frame: nothing reads it before a real step writes it). What capture cannot take (a seeded reply's own generator, an experts implementation
   that syncs) falls back to eager for that batch, once logged;
 - on CPU it runs as it is written: the frame without the eager path's bookkeeping (no
   `SlotBatch`, no per-group callbacks, no mid-frame host read, one host copy of all codes at
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rms_norm, _rotate, signed_sin
+from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rms_norm, _rotate
 from nodes.qwen3_omni.talker_sampling import residual_codes, talker_codes
 
 if TYPE_CHECKING:
@@ -111,7 +111,14 @@ class FrameUnit:
         self.layers = slots.lean_decode.layers
         self.hidden_size = slots.lean_decode.hidden_size
         self.norm, self.norm_eps = slots.lean_decode.norm, slots.lean_decode.norm_eps
-        self.rotary = talker.talker.model.rotary_emb
+        rotary = talker.talker.model.rotary_emb
+        # The mrope row each rotary frequency comes from (the module's `recomposition_frequencies`).
+        rows = torch.zeros(rotary.inv_freq.shape[-1], dtype=torch.long)
+        for row, offset in ((1, 1), (2, 2)):
+            rows[offset : rotary.mrope_section[row] * 3 : 3] = row
+        self._rope_rows = rows.to(self.device)
+        self._inv_freq = rotary.inv_freq.to(self.device, torch.float32)
+        self._rope_scaling = float(rotary.attention_scaling)
         self.codec_head = talker.talker.codec_head
         self.text_projection = talker.talker.text_projection
         self.thinker_embed = talker.thinker_embeddings.weight
@@ -130,7 +137,6 @@ class FrameUnit:
         self.replays = 0  # of which replayed CUDA graphs
         self._graphs: dict[int, _Graph] = {}
         self._failed: set[int] = set()
-        self._scratch: int | None = None
         self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ when it applies
@@ -175,7 +181,8 @@ class FrameUnit:
                 slots.join(reply)
         with cache.lock:
             starts = [cache.lengths[reply._slot] for reply in replies]
-            cache._ensure_capacity(max(starts) + 1)
+            # One column more than the rows need: padding rows write the last one (see `_Graph`).
+            cache._ensure_capacity(max(starts) + 2)
             inputs = self._inputs(replies, starts)
             size = self.capturable(replies)
             if size is not None:
@@ -185,6 +192,7 @@ class FrameUnit:
             for reply, start in zip(replies, starts):
                 cache.lengths[reply._slot] = start + 1
         self.frames += 1
+        self.predictor.lean_calls += 1  # the code predictor's lean layers ran (tests read it)
         codes, next_embeds, hidden, positions = outputs
         return codes, next_embeds, hidden, positions
 
@@ -236,8 +244,7 @@ class FrameUnit:
         special = self.tts.index_select(0, (inputs.text_kind - 1).clamp_(min=0))
         embeds = torch.where((inputs.text_kind == TEXT_TOKEN)[:, None], text, special) + inputs.prev_embeds
         positions = inputs.positions + 1  # [4, B]
-        cos, sin = self.rotary(embeds, positions[1:, :, None])  # [B, 1, head_dim]
-        sin = signed_sin(sin)
+        cos, sin = self._rotary(positions[1:], embeds.dtype)  # [B, 1, head_dim]
         # Where each row's new key/value goes (flat [slots * kv_heads * capacity, head_dim]), and
         # the columns each row sees (0 .. its start).
         columns = ((inputs.rows[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
@@ -269,6 +276,18 @@ class FrameUnit:
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)  # [B, D]
         codes, next_embeds = self._codes(hidden, inputs, replies)
         return codes, next_embeds, hidden, positions
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [B, 1, head_dim] of the 3 rope rows `positions` [3, B]: what the
+        talker's rotary module computes (each frequency from its mrope row, then the halves
+        side by side), with the row of each frequency picked before the multiply."""
+        freqs = positions.index_select(0, self._rope_rows).t().float() * self._inv_freq  # [B, head_dim / 2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if self._rope_scaling != 1.0:
+            cos, sin = cos * self._rope_scaling, sin * self._rope_scaling
+        cos = torch.cat((cos, cos), dim=-1).to(dtype)
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype)
+        return cos[:, None], sin[:, None]
 
     def _codes(self, hidden: torch.Tensor, inputs: FrameInputs, replies: list[Any] | None):
         """The talker's code and the code predictor's residual codes of each row, and the sum of
@@ -304,29 +323,31 @@ class FrameUnit:
 
     def _captured(self, inputs: FrameInputs, size: int, kv_length: int):
         """The frame through its padded size's captured graph (made at its first use, and again
-        when the cache has grown); a size whose capture failed runs this frame as written and
-        later ones too (`capturable`)."""
+        when the cache has grown); a size whose capture failed runs this frame as written, and
+        later ones on the eager path's choice (`capturable`)."""
         rows = inputs.rows.shape[0]
+        if not self.cuda and _python_modes():
+            # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
+            # counts one): the frame runs as written, the same aten calls the trace makes.
+            return self.frame(inputs, kv_length)
         cache = self.slots.cache
         key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
-        try:
-            graph = self._graphs.get(size)
-            if graph is None or graph.key != key:
-                graph = self._graphs[size] = _Graph(self, size, key)
-            outputs = graph.replay(inputs, rows)
-        except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
-            log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
-            self._failed.add(size)
-            self._graphs.pop(size, None)
-            return self.frame(inputs, kv_length)
+        graph = self._graphs.get(size)
+        if graph is None or graph.key != key:
+            try:
+                graph = self._graphs[size] = _Graph(self, size, key, int(inputs.rows[0]))
+            except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
+                log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
+                self._failed.add(size)
+                self._graphs.pop(size, None)
+                return self.frame(inputs, kv_length)
         self.replays += 1
-        return outputs
+        return graph.replay(inputs, rows)
 
-    def scratch_row(self) -> int:
-        """The slot cache row padding rows read and write (held for the unit's life)."""
-        if self._scratch is None:
-            self._scratch = self.slots.cache.acquire()
-        return self._scratch
+
+def _python_modes() -> bool:
+    """Whether a Python dispatch or function mode is active (a counter, a tracer)."""
+    return torch._C._len_torch_dispatch_stack() > 0 or torch._C._len_torch_function_stack() > 0
 
 
 def _pairs_path(layer: Any, tokens: int) -> bool:
@@ -341,20 +362,21 @@ class _Graph:
     """One padded batch size's captured frame on static input buffers: a CUDA graph on CUDA
     (replay: one launch), a TorchScript trace on CPU (replay: the recorded aten calls, run from
     C++ without a Python frame per operator). Both read the KV at the cache's full capacity
-    under the mask, so every shape is the size's; padding rows read and write the scratch row."""
+    under the mask, so every shape is the size's. Padding rows read the frame's first row and
+    write the cache's last column (`run` keeps it past the frame's rows; a row that reaches it
+    later writes it before reading it)."""
 
-    def __init__(self, unit: FrameUnit, size: int, key: tuple[int, int, int]):
+    def __init__(self, unit: FrameUnit, size: int, key: tuple[int, int, int], row: int):
         self.unit, self.size, self.key = unit, size, key
         cache = unit.slots.cache
         device = unit.device
-        scratch = unit.scratch_row()
         self.inputs = FrameInputs(
             torch.zeros((size, unit.width), dtype=unit.dtype, device=device),
             torch.zeros(size, dtype=torch.long, device=device),
             torch.full((size,), TEXT_PAD, dtype=torch.long, device=device),
             torch.zeros((4, size), dtype=torch.long, device=device),
-            torch.full((size,), scratch, dtype=torch.long, device=device),
-            torch.zeros(size, dtype=torch.long, device=device),
+            torch.full((size,), row, dtype=torch.long, device=device),
+            torch.full((size,), cache.capacity - 1, dtype=torch.long, device=device),
             torch.zeros((size, unit.talker.vocab_size), dtype=torch.bool, device=device),
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
@@ -377,7 +399,7 @@ class _Graph:
             with warnings.catch_warnings(), _weights_as_constants(unit.talker):
                 warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
                 self.trace = torch.jit.trace(frame, tuple(self.inputs.tensors()), check_trace=False)
-        # Every row of the warm-ups, capture and trace was padding: they wrote the scratch row only.
+        # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
         static = self.inputs
@@ -387,9 +409,9 @@ class _Graph:
                 target[:, :rows].copy_(value, non_blocking=True)
             else:
                 target[:rows].copy_(value, non_blocking=True)
-        if rows < self.size:  # padding rows: the scratch row, column 0
-            static.rows[rows:].fill_(self.unit.scratch_row())
-            static.starts[rows:].zero_()
+        if rows < self.size:  # padding rows: the first row's last column
+            static.rows[rows:].fill_(static.rows[0])
+            static.starts[rows:].fill_(self.unit.slots.cache.capacity - 1)
         if self.cuda:
             self.graph.replay()
             codes, next_embeds, hidden, positions = self.outputs
