@@ -116,11 +116,13 @@ class Node(abc.ABC):
 
 
 class NodeContext:
-    """What the runtime gives every node: shared resources and the compute pool."""
+    """What the runtime gives every node: shared resources, the compute pool and the profile's
+    `compute: {graphs}` (whether model steps run as captured graphs where the node has them)."""
 
-    def __init__(self, resources: dict[str, Any], compute: ComputePool):
+    def __init__(self, resources: dict[str, Any], compute: ComputePool, graphs: str = "auto"):
         self.resources = resources
         self.compute = compute
+        self.graphs = graphs
 
     def resource(self, name: str) -> Any:
         try:

@@ -31,8 +31,10 @@ node through its context.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -138,6 +140,11 @@ class FrameUnit:
         self._graphs: dict[int, _Graph] = {}
         self._failed: set[int] = set()
         self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+        # Where a size's capture runs: None, inline in the frame that first needs it; else
+        # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
+        # written until it has run.
+        self.defer: Callable[[Callable[[], None]], None] | None = None
+        self._pending: set[int] = set()
 
     # ------------------------------------------------------------------ when it applies
 
@@ -156,15 +163,19 @@ class FrameUnit:
         size = padded_batch(len(replies))
         if size is None or size in self._failed or any(reply.sampling.do_sample for reply in replies):
             return None
+        return size if self._static(size) else None
+
+    def _static(self, size: int) -> bool:
+        """Whether a frame of `size` rows runs the same operators whatever the data."""
         for layer in self.layers:
             if not layer.moe:
                 continue
             if not layer.dense_experts:  # the experts module: a CUDA capture fails on a sync (then eager)
                 if not self.cuda:
-                    return None
+                    return False
             elif not self.cuda and _pairs_path(layer, size):
-                return None  # its experts are chosen on the host
-        return size
+                return False  # its experts are chosen on the host
+        return True
 
     # ------------------------------------------------------------------ one frame of B replies
 
@@ -334,6 +345,11 @@ class FrameUnit:
         key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
         graph = self._graphs.get(size)
         if graph is None or graph.key != key:
+            if self.defer is not None:  # captured in idle time; this frame runs as written
+                if size not in self._pending:
+                    self._pending.add(size)
+                    self.defer(functools.partial(self._capture, size))
+                return self.frame(inputs, kv_length)
             try:
                 graph = self._graphs[size] = _Graph(self, size, key, int(inputs.rows[0]))
             except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
@@ -343,6 +359,25 @@ class FrameUnit:
                 return self.frame(inputs, kv_length)
         self.replays += 1
         return graph.replay(inputs, rows)
+
+
+    @torch.inference_mode()
+    def _capture(self, size: int) -> None:
+        """Capture padded batch `size` now (what `defer` runs): every row of it is padding, on
+        row 0's last column, kept past every row's length."""
+        self._pending.discard(size)
+        cache = self.slots.cache
+        with cache.lock:
+            cache._ensure_capacity(max(cache.lengths) + 2)
+            key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
+            graph = self._graphs.get(size)
+            if size in self._failed or (graph is not None and graph.key == key):
+                return
+            try:
+                self._graphs[size] = _Graph(self, size, key, 0)
+            except Exception:  # noqa: BLE001 - as in `_captured`
+                log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
+                self._failed.add(size)
 
 
 def _python_modes() -> bool:

@@ -66,6 +66,7 @@ __all__ = [
     "TalkerReply",
     "TalkerSampling",
     "decode_inputs",
+    "frame_unit",
     "prefill_replies",
     "prefill_user_turns",
     "step_replies",
@@ -457,16 +458,20 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
     return results
 
 
+def frame_unit(talker: TalkerModel) -> FrameUnit | None:
+    """The talker's captured frame unit (made at the first call), None with `compute: {graphs: off}`."""
+    if talker.graphs == "off":
+        return None
+    if talker.frame_unit is None:
+        talker.frame_unit = FrameUnit(talker, TalkerSlots.for_model(talker))
+    return talker.frame_unit
+
+
 def _frame_unit(replies: list[TalkerReply]) -> FrameUnit | None:
     """The talker's captured frame unit when `compute: {graphs: auto}` and it can take these
     decode steps; None: the eager path."""
-    talker = replies[0].talker
-    if talker.graphs == "off":
-        return None
-    unit = talker.frame_unit
-    if unit is None:
-        unit = talker.frame_unit = FrameUnit(talker, TalkerSlots.for_model(talker))
-    return unit if unit.usable(replies) else None
+    unit = frame_unit(replies[0].talker)
+    return unit if unit is not None and unit.usable(replies) else None
 
 
 def _captured_frames(unit: FrameUnit, replies: list[TalkerReply], indices: list[int], results: list[Any]) -> None:

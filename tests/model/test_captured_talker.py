@@ -7,7 +7,7 @@ import torch
 
 from benchmarks.dispatch_counts import DispatchCounts
 from nodes.qwen3_omni.captured import padded_batch, set_graphs
-from nodes.qwen3_omni.talker_engine import TalkerLimits, TalkerModel, TalkerSampling, step_replies
+from nodes.qwen3_omni.talker_engine import TalkerLimits, TalkerModel, TalkerSampling, frame_unit, step_replies
 from tests.model.test_talker import model, new_reply, prompt_ids  # noqa: F401 - fixtures
 
 TEXT = [104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115]
@@ -109,3 +109,20 @@ def test_set_graphs_is_the_default_of_the_talkers_built_after_it(model):  # noqa
         set_graphs(model, "auto")
     with pytest.raises(ValueError, match="compute.graphs"):
         TalkerModel(model, graphs="fast")
+
+
+def test_with_a_deferred_capture_frames_run_as_written_until_it_has_run(model, prompt_ids):  # noqa: F811
+    talker = TalkerModel(model, graphs="auto")
+    reply, alone = new_reply(talker, prompt_ids), new_reply(TalkerModel(model, graphs="off"), prompt_ids)
+    for r in (reply, alone):
+        r.add_text(TEXT, final=True)
+        step_replies([r])  # the prefill
+    unit = frame_unit(talker)
+    queued = []
+    unit.defer = queued.append  # the talker node queues it as idle compute
+    for frame in range(4):
+        if frame == 2:
+            assert len(queued) == 1 and unit.replays == 0  # one capture asked for, none run yet
+            queued.pop()()
+        assert torch.equal(step_replies([reply])[0], step_replies([alone])[0])
+    assert unit.frames == 4 and unit.replays == 2 and not queued
