@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rms_norm, _rotate
+from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
+from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
 from nodes.qwen3_omni.talker_sampling import residual_codes, talker_codes
 
 if TYPE_CHECKING:
@@ -135,6 +136,12 @@ class FrameUnit:
         tables = predictor.predictor.model.codec_embedding
         self.tables = [(table.weight, table.padding_idx) for table in tables]
         self.groups = talker.num_code_groups
+        # Per decoder layer (talker and predictor): its q/k norm weights side by side
+        # [heads + kv_heads, head_dim] (lean_decode makes them in every forward).
+        self._head_weights = {
+            id(layer): torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1))).detach()
+            for layer in (*self.layers, *self.lean_predictor.layers)
+        }
         self.frames = 0  # frames this unit ran (tests read it)
         self.replays = 0  # of which replayed CUDA graphs
         self._graphs: dict[int, _Graph] = {}
@@ -265,13 +272,13 @@ class FrameUnit:
             hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B, 1, 1, kv]
         hidden = embeds
         for layer in self.layers:
+            head_weights = self._head_weights[id(layer)]
             x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
             query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
             key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
             value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
-            heads = torch.cat((query, key), dim=1)
-            head_weights = torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1)))
-            heads = _rotate(_rms_norm(heads, head_weights, layer.head_eps, layer.head_size), cos, sin)
+            heads = _rms_norm(torch.cat((query, key), dim=1), head_weights, layer.head_eps, layer.head_size)
+            heads = _rotate(heads, cos, sin)
             query = heads[:, : layer.heads].reshape(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
             key = heads[:, layer.heads :]
             keys, values = cache.keys[layer.index], cache.values[layer.index]
@@ -287,6 +294,31 @@ class FrameUnit:
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)  # [B, D]
         codes, next_embeds = self._codes(hidden, inputs, replies)
         return codes, next_embeds, hidden, positions
+
+    def _predictor_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Any,
+                          keys: list[torch.Tensor], values: list[torch.Tensor], positions: torch.Tensor) -> torch.Tensor:
+        """lean_decode.LeanPredictor's forward (the same numbers), with the q/k norm weights side
+        by side made once."""
+        rows, length = hidden.shape[:2]
+        lean = self.lean_predictor
+        size = lean.hidden_size
+        for i, layer in enumerate(lean.layers):
+            head_weights = self._head_weights[id(layer)]
+            x = _rms_norm(hidden, layer.input_norm, layer.eps, size)
+            query = F.linear(x, *layer.q).view(rows, length, layer.heads, layer.head_dim)
+            key = F.linear(x, *layer.k).view(rows, length, layer.kv_heads, layer.head_dim)
+            value = F.linear(x, *layer.v).view(rows, length, layer.kv_heads, layer.head_dim).transpose(1, 2)
+            heads = _rms_norm(torch.cat((query, key), dim=2), head_weights, layer.head_eps, layer.head_size)
+            heads = _rotate(heads, cos, sin)
+            query, key = heads[:, :, : layer.heads].transpose(1, 2), heads[:, :, layer.heads :].transpose(1, 2)
+            keys[i] = torch.cat([keys[i], key], dim=-2)
+            values[i] = torch.cat([values[i], value], dim=-2)
+            out, _ = attention(layer.attention, query, keys[i], values[i], None, dropout=0.0, scaling=layer.scaling,
+                               sliding_window=None, position_ids=positions, use_cache=True)
+            hidden = hidden + F.linear(out.reshape(rows, length, -1), *layer.o)
+            x = _rms_norm(hidden, layer.post_norm, layer.eps, size)
+            hidden = hidden + _mlp(layer.dense_mlp, x)
+        return _rms_norm(hidden, lean.norm, lean.norm_eps, lean.hidden_size)
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [B, 1, head_dim] of the 3 rope rows `positions` [3, B]: what the
@@ -321,7 +353,7 @@ class FrameUnit:
         codes, embeds = [first], [first_embed]
         for group in range(1, self.groups):
             positions, cos, sin = ropes[group - 1]
-            out = self.lean_predictor(step, cos, sin, attention, keys, values, position_ids=positions, use_cache=True)
+            out = self._predictor_layers(step, cos, sin, attention, keys, values, positions)
             logits = F.linear(out, *self.heads[group - 1])[:, -1].float()  # the eager path's GEMM shape
             code = residual_codes(replies, logits) if replies is not None else logits.argmax(dim=-1)
             codes.append(code)
@@ -378,6 +410,14 @@ class FrameUnit:
             except Exception:  # noqa: BLE001 - as in `_captured`
                 log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
                 self._failed.add(size)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """lean_decode's RMSNorm in one operator fewer for float32 (`pow(2).mean` is its
+    `(x * x).sum().div_(size)` to the bit on CPU)."""
+    if x.dtype != torch.float32:
+        return _lean_rms_norm(x, weight, eps, size)
+    return weight * (x * x.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_())
 
 
 def _python_modes() -> bool:
@@ -437,6 +477,8 @@ class _Graph:
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
+        if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
+            return self.trace(*inputs.tensors())
         static = self.inputs
         for name in FrameInputs.__slots__:
             target, value = getattr(static, name), getattr(inputs, name)
