@@ -3,25 +3,29 @@
 A talker frame of B replies is a chain of small steps: the talker's decode forward, its code,
 then the code predictor's `num_code_groups - 1` sequential forwards, each with its own pick.
 Eager (talker_engine.py's `step_replies`), every operator is a Python call and, on a GPU, a
-kernel launch, and the talker code is read to the host mid-frame. `FrameUnit` runs the same
-arithmetic as one function of tensors only (`frame`): no host read inside it, no Python
-decision on device values, every shape fixed by the padded batch size and the KV's capacity, so
+kernel launch, and the talker's codes are read to the host mid-frame. `FrameUnit.frame` is the
+same arithmetic as one function of tensors only: no host read inside it, no Python decision on
+device values, every shape fixed by the padded batch size (1, 2, 4, 8, 16, 32, 64) and the KV
+span it reads (64, 128, ... columns: the longest row's, rounded up; under the mask). Each
+(size, span) is captured once on static input buffers and replayed:
 
-- on CUDA it is captured as a CUDA graph per padded batch size (1, 2, 4, 8, 16, 32, 64) on
-  static input/output buffers and replayed: one launch for the whole frame. Its KV is the
-  talker's slot cache (talker_slots.py) read at its full capacity under a mask; a cache that
-  grows (new buffers) is captured again. Padding rows read the frame's first row and write
-  its last column (past every row of the frame: nothing reads it before a real step writes it). What capture cannot take (a seeded reply's own generator, an experts implementation
-  that syncs) falls back to eager for that batch, once logged;
-- on CPU it runs as it is written: the frame without the eager path's bookkeeping (no
-  `SlotBatch`, no per-group callbacks, no mid-frame host read, one host copy of all codes at
-  the end). The codes are picked by the eager path's own functions (talker_sampling.py): the
-  same greedy codes and, for seeded replies, the same draws. docs/notebook/2026-12-07-captured-
-  talker.md says what else was measured on CPU (torch.compile) and why this is what runs.
+- on CUDA as a CUDA graph (one launch for the frame; the graphs share one memory pool);
+- on CPU as a TorchScript trace: the same aten calls, run from C++ without a Python frame per
+  operator (the choice among the CPU options measured: docs/notebook/2026-12-07-captured-talker.md).
 
-The layers are lean_decode.py's (the same ops as the eager decode step: logits equal to float
-rounding, greedy codes equal; tests/model/test_captured_talker.py holds it frame by frame,
-with padding rows and replies joining and leaving between frames).
+Its KV is the talker's slot cache (talker_slots.py); a cache that grows (new buffers) is
+captured again. Padding rows read the frame's first row and write the cache's last column, which
+`run` keeps past every row of the frame (a row that reaches it later writes it before reading).
+After the frame, one host read of all its codes. Where a capture cannot apply, the frame runs
+as written (the same function, eagerly): sampled codes (their draws stay talker_sampling.py's,
+each seed's own; draws on the device are issue 32 item 3), experts whose path depends on the
+data, a size whose capture failed (logged once), more replies than the largest size. Without a
+`defer` hook a size is captured in the frame that first needs it; the talker node defers it to
+idle compute, so no reply waits for a capture and the node starts as fast as before.
+
+The layers are lean_decode.py's (the same operators as the eager decode step: greedy codes equal,
+logits to float rounding; tests/model/test_captured_talker.py holds it frame by frame, with
+padding rows and replies joining and leaving between frames).
 
 `set_graphs(omni, graphs)` sets the default of every `TalkerModel` built on that model later
 (the GPU probe's and the benchmarks' switch); a profile's `compute: {graphs}` reaches the talker
@@ -53,6 +57,8 @@ log = logging.getLogger(__name__)
 GRAPHS = ("auto", "off")
 # The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
 PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
+KV_SPANS_FROM = 64
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
 
@@ -144,14 +150,15 @@ class FrameUnit:
         }
         self.frames = 0  # frames this unit ran (tests read it)
         self.replays = 0  # of which replayed CUDA graphs
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}  # (padded batch, KV span) -> its graph
         self._failed: set[int] = set()
         self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
         # Where a size's capture runs: None, inline in the frame that first needs it; else
         # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
         # written until it has run.
         self.defer: Callable[[Callable[[], None]], None] | None = None
-        self._pending: set[int] = set()
+        self._pending: set[tuple[int, int]] = set()
+        self._pool: Any = None  # the CUDA graphs' shared memory pool
 
     # ------------------------------------------------------------------ when it applies
 
@@ -252,7 +259,7 @@ class FrameUnit:
     def frame(self, inputs: FrameInputs, kv_length: int, replies: list[Any] | None = None):
         """The whole frame as tensor ops: (codes [B, G] long, summed code embeddings [B, D],
         the talker's outputs [B, D], the step's positions [4, B]). `kv_length`: the KV columns
-        read (the cache's capacity when captured, the longest row + 1 eager). `replies`: pick
+        read (a `kv_span` when captured, the longest row + 1 as written). `replies`: pick
         the codes through talker_sampling.py's functions (their settings, their generators);
         None: greedy (what a CUDA graph captures)."""
         cache = self.slots.cache
@@ -365,51 +372,63 @@ class FrameUnit:
     # ------------------------------------------------------------------ CUDA graphs
 
     def _captured(self, inputs: FrameInputs, size: int, kv_length: int):
-        """The frame through its padded size's captured graph (made at its first use, and again
-        when the cache has grown); a size whose capture failed runs this frame as written, and
-        later ones on the eager path's choice (`capturable`)."""
+        """The frame through the captured graph of its padded size and KV span (made at its
+        first use, and again when the cache has grown); a size whose capture failed runs this
+        frame as written, and later ones as `capturable` says."""
         rows = inputs.rows.shape[0]
         if not self.cuda and _python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the frame runs as written, the same aten calls the trace makes.
             return self.frame(inputs, kv_length)
         cache = self.slots.cache
-        key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
-        graph = self._graphs.get(size)
-        if graph is None or graph.key != key:
+        span = kv_span(kv_length, cache.capacity)
+        graph = self._graphs.get((size, span))
+        if graph is None or graph.key != _cache_key(cache):
             if self.defer is not None:  # captured in idle time; this frame runs as written
-                if size not in self._pending:
-                    self._pending.add(size)
-                    self.defer(functools.partial(self._capture, size))
+                if (size, span) not in self._pending:
+                    self._pending.add((size, span))
+                    self.defer(functools.partial(self._capture, size, span))
                 return self.frame(inputs, kv_length)
-            try:
-                graph = self._graphs[size] = _Graph(self, size, key, int(inputs.rows[0]))
-            except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
-                log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
-                self._failed.add(size)
-                self._graphs.pop(size, None)
+            graph = self._make(size, span, int(inputs.rows[0]))
+            if graph is None:
                 return self.frame(inputs, kv_length)
         self.replays += 1
         return graph.replay(inputs, rows)
 
-
     @torch.inference_mode()
-    def _capture(self, size: int) -> None:
-        """Capture padded batch `size` now (what `defer` runs): every row of it is padding, on
-        row 0's last column, kept past every row's length."""
-        self._pending.discard(size)
+    def _capture(self, size: int, span: int) -> None:
+        """Capture padded batch `size` over `span` KV columns now (what `defer` runs): every row
+        of it is padding, on row 0's last column, kept past every row's length."""
+        self._pending.discard((size, span))
         cache = self.slots.cache
         with cache.lock:
             cache._ensure_capacity(max(cache.lengths) + 2)
-            key = (cache.capacity, cache.slots, cache.keys[0].data_ptr())
-            graph = self._graphs.get(size)
-            if size in self._failed or (graph is not None and graph.key == key):
-                return
-            try:
-                self._graphs[size] = _Graph(self, size, key, 0)
-            except Exception:  # noqa: BLE001 - as in `_captured`
-                log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
-                self._failed.add(size)
+            graph = self._graphs.get((size, span))
+            if size not in self._failed and span <= cache.capacity and (graph is None or graph.key != _cache_key(cache)):
+                self._make(size, span, 0)
+
+    def _make(self, size: int, span: int, row: int) -> _Graph | None:
+        try:
+            graph = self._graphs[(size, span)] = _Graph(self, size, span, row)
+            return graph
+        except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
+            log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
+            self._failed.add(size)
+            self._graphs.pop((size, span), None)
+            return None
+
+
+def kv_span(kv_length: int, capacity: int) -> int:
+    """The KV columns a captured frame reads for rows of at most `kv_length` columns: the next
+    power of two from `KV_SPANS_FROM` (a few graphs per batch size, each reading at most twice
+    what the rows hold), at most the cache's capacity."""
+    span = max(KV_SPANS_FROM, 1 << (kv_length - 1).bit_length())
+    return min(span, capacity)
+
+
+def _cache_key(cache: Any) -> tuple[int, int, int]:
+    """What a captured graph depends on in the cache: its buffers (replaced when it grows)."""
+    return (cache.capacity, cache.slots, cache.keys[0].data_ptr())
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
@@ -436,14 +455,14 @@ def _pairs_path(layer: Any, tokens: int) -> bool:
 class _Graph:
     """One padded batch size's captured frame on static input buffers: a CUDA graph on CUDA
     (replay: one launch), a TorchScript trace on CPU (replay: the recorded aten calls, run from
-    C++ without a Python frame per operator). Both read the KV at the cache's full capacity
-    under the mask, so every shape is the size's. Padding rows read the frame's first row and
+    C++ without a Python frame per operator). Both read `span` KV columns under the mask, so
+    every shape is fixed. Padding rows read the frame's first row and
     write the cache's last column (`run` keeps it past the frame's rows; a row that reaches it
     later writes it before reading it)."""
 
-    def __init__(self, unit: FrameUnit, size: int, key: tuple[int, int, int], row: int):
-        self.unit, self.size, self.key = unit, size, key
+    def __init__(self, unit: FrameUnit, size: int, span: int, row: int):
         cache = unit.slots.cache
+        self.unit, self.size, self.key = unit, size, _cache_key(cache)
         device = unit.device
         self.inputs = FrameInputs(
             torch.zeros((size, unit.width), dtype=unit.dtype, device=device),
@@ -455,7 +474,6 @@ class _Graph:
             torch.zeros((size, unit.talker.vocab_size), dtype=torch.bool, device=device),
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
-        capacity = cache.capacity
         self.cuda = unit.cuda
         if self.cuda:
             self.graph = torch.cuda.CUDAGraph()
@@ -463,13 +481,15 @@ class _Graph:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
-                    unit.frame(self.inputs, capacity)
+                    unit.frame(self.inputs, span)
             torch.cuda.current_stream(device).wait_stream(stream)
-            with torch.cuda.graph(self.graph):
-                self.outputs = unit.frame(self.inputs, capacity)
+            if unit._pool is None:
+                unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
+            with torch.cuda.graph(self.graph, pool=unit._pool):
+                self.outputs = unit.frame(self.inputs, span)
         else:
             def frame(*tensors: torch.Tensor):
-                return unit.frame(FrameInputs(*tensors), capacity)
+                return unit.frame(FrameInputs(*tensors), span)
 
             with warnings.catch_warnings(), _weights_as_constants(unit.talker):
                 warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
@@ -487,7 +507,7 @@ class _Graph:
             else:
                 target[:rows].copy_(value, non_blocking=True)
         if rows < self.size:  # padding rows: the first row's last column
-            static.rows[rows:].fill_(static.rows[0])
+            static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.slots.cache.capacity - 1)
         if self.cuda:
             self.graph.replay()
