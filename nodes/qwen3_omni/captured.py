@@ -117,10 +117,27 @@ class FrameUnit:
         self.cuda = self.device.type == "cuda"
         predictor = talker.code_predictor
         self.predictor = predictor
+        self.frames = 0  # frames this unit ran (tests read it)
+        self.replays = 0  # of which replayed a captured graph
+        self._graphs: dict[tuple[int, int], _Graph] = {}  # (padded batch, KV span) -> its graph
+        self._failed: set[int] = set()
+        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+        # Where a size's capture runs: None, inline in the frame that first needs it; else
+        # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
+        # written until it has run.
+        self.defer: Callable[[Callable[[], None]], None] | None = None
+        self._pending: set[tuple[int, int]] = set()
+        self._pool: Any = None  # the CUDA graphs' shared memory pool
+        rotary = talker.talker.model.rotary_emb
+        # Why the unit cannot run this model's frames (None: it can): it runs the lean layers.
+        self.why_not = slots.lean_decode.why_not or predictor.lean.why_not
+        if self.why_not is None and not hasattr(rotary, "mrope_section"):
+            self.why_not = "a talker rotary without mrope sections"
+        if self.why_not is not None:
+            return
         self.layers = slots.lean_decode.layers
         self.hidden_size = slots.lean_decode.hidden_size
         self.norm, self.norm_eps = slots.lean_decode.norm, slots.lean_decode.norm_eps
-        rotary = talker.talker.model.rotary_emb
         # The mrope row each rotary frequency comes from (the module's `recomposition_frequencies`).
         rows = torch.zeros(rotary.inv_freq.shape[-1], dtype=torch.long)
         for row, offset in ((1, 1), (2, 2)):
@@ -148,17 +165,6 @@ class FrameUnit:
             id(layer): torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1))).detach()
             for layer in (*self.layers, *self.lean_predictor.layers)
         }
-        self.frames = 0  # frames this unit ran (tests read it)
-        self.replays = 0  # of which replayed CUDA graphs
-        self._graphs: dict[tuple[int, int], _Graph] = {}  # (padded batch, KV span) -> its graph
-        self._failed: set[int] = set()
-        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
-        # Where a size's capture runs: None, inline in the frame that first needs it; else
-        # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
-        # written until it has run.
-        self.defer: Callable[[Callable[[], None]], None] | None = None
-        self._pending: set[tuple[int, int]] = set()
-        self._pool: Any = None  # the CUDA graphs' shared memory pool
 
     # ------------------------------------------------------------------ when it applies
 
@@ -166,6 +172,8 @@ class FrameUnit:
         """Whether `run` can take these decode steps now (else the eager path runs them): the
         lean layers apply (no hooks, the mirrored classes, a mask-free predictor)."""
         predictor = self.predictor
+        if self.why_not is not None:
+            return False
         if not (self.slots.lean_decode.usable() and predictor.stack.usable() and predictor.lean.usable()):
             return False
         return predictor._mask_free.get(predictor.predictor.model.config._attn_implementation) is True
