@@ -63,16 +63,18 @@ def _step(runner: Any, run_calls: Any, call: Any, sessions: list[Any]) -> None:
             raise result
 
 
-def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "auto", runs: int = 3) -> dict[str, Any]:
+def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "auto", runs: int = 3,
+                       talker: Any = None) -> dict[str, Any]:
     """One reply's talker frames, one `step_replies` call each, with `compute: {graphs}` =
     `graphs`: ms per frame (the best of `runs` runs of `frames` frames, after as many frames of
     warm-up: the captured path has captured its frame by then), operators and host syncs of one
     frame. Under the counter the captured path runs as written on CPU (the trace it replays
-    cannot run under a Python dispatch mode): the same aten calls, counted."""
+    cannot run under a Python dispatch mode): the same aten calls, counted. `talker`: a
+    `TalkerModel` to reuse (its captures with it), else a new one."""
     from benchmarks.talker_batching import _replies
     from nodes.qwen3_omni.talker_engine import TalkerModel, step_replies
 
-    talker = TalkerModel(omni.model, graphs=graphs)
+    talker = talker or TalkerModel(omni.model, graphs=graphs)
     best = float("inf")
     ops = syncs = 0
     for _ in range(runs):
@@ -97,10 +99,13 @@ def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "au
 def talker_both(omni: Any, runs: int = 3) -> dict[str, Any]:
     """The eager and the captured talker in one run, their timed runs alternating (the machine is
     shared: a slow moment hits both): {"off": ..., "auto": ..., "ms_ratio", "ops_ratio"}."""
+    from nodes.qwen3_omni.talker_engine import TalkerModel
+
     results: dict[str, list[dict[str, Any]]] = {"off": [], "auto": []}
+    talkers = {graphs: TalkerModel(omni.model, graphs=graphs) for graphs in results}  # captures kept across runs
     for _ in range(runs):
         for graphs in results:
-            results[graphs].append(talker_frame_costs(omni, graphs=graphs, runs=1))
+            results[graphs].append(talker_frame_costs(omni, graphs=graphs, runs=1, talker=talkers[graphs]))
     best = {graphs: min(figures, key=lambda f: f["ms_per_frame"]) for graphs, figures in results.items()}
     return {**best, "ms_ratio": round(best["auto"]["ms_per_frame"] / best["off"]["ms_per_frame"], 3),
             "ops_ratio": round(best["auto"]["ops_per_frame"] / max(best["off"]["ops_per_frame"], 1), 3)}
