@@ -58,12 +58,10 @@ OPTIONAL_MODULES = {"aiortc": "WebRTC calls", "av": "WebRTC audio and mp3/opus s
 def use_captured_steps(omni: Any, graphs: str) -> str | None:
     """The one switch between the engine's eager and captured steps (`compute: {graphs: ...}`,
     issue 32): None when the model's engines now run `graphs` ("auto" or "off"), else why not."""
-    if graphs == "off":
-        return None
     try:
-        from nodes.qwen3_omni.captured import set_graphs  # type: ignore[import-not-found]
+        from nodes.qwen3_omni.captured import set_graphs
     except ImportError:
-        return "this engine has no captured steps yet: every stage ran eager"
+        return None if graphs == "off" else "this engine has no captured steps yet: every stage ran eager"
     set_graphs(omni, graphs)
     return None
 

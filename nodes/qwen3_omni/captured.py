@@ -502,6 +502,8 @@ class _Graph:
             with warnings.catch_warnings(), _weights_as_constants(unit.talker):
                 warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
                 self.trace = torch.jit.trace(frame, tuple(self.inputs.tensors()), check_trace=False)
+            for _ in range(2):  # TorchScript profiles the first run and optimizes at the second: not in a frame
+                self.trace(*self.inputs.tensors())
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
