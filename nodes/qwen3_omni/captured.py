@@ -16,10 +16,13 @@ span it reads (64, 128, ... columns: the longest row's, rounded up; under the ma
 Its KV is the talker's slot cache (talker_slots.py); a cache that grows (new buffers) is
 captured again. Padding rows read the frame's first row and write the cache's last column, which
 `run` keeps past every row of the frame (a row that reaches it later writes it before reading).
-After the frame, one host read of all its codes. Where a capture cannot apply, the frame runs
-as written (the same function, eagerly): sampled codes (their draws stay talker_sampling.py's,
-each seed's own; draws on the device are issue 32 item 3), experts whose path depends on the
-data, a size whose capture failed (logged once), more replies than the largest size. Without a
+After the frame, one host read of all its codes. Codes are picked inside the unit: greedy, or
+sampled with talker_sampling.py's warpers and one draw on the global generator (the same
+operators as the eager path, so the same draws from the same generator state), one pick per
+capture. Where a capture cannot apply, the frame runs as written (the same function, eagerly):
+a reply with its own seed (its draws come from its own generator, in its order), replies
+sampling with different settings, experts whose path depends on the data, a size whose capture
+failed (logged once), more replies than the largest size. Without a
 `defer` hook a size is captured in the frame that first needs it; the talker node defers it to
 idle compute, so no reply waits for a capture and the node starts as fast as before.
 
@@ -46,7 +49,7 @@ import torch.nn.functional as F
 
 from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
 from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
-from nodes.qwen3_omni.talker_sampling import residual_codes, talker_codes
+from nodes.qwen3_omni.talker_sampling import _RESIDUAL_TOP_K, _RESIDUAL_TOP_P, _top_k, _top_p, residual_codes, talker_codes
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.talker_model import TalkerModel
@@ -59,6 +62,8 @@ GRAPHS = ("auto", "off")
 PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
 KV_SPANS_FROM = 64
+# How a captured frame picks every row's codes: greedy (None) or sampled (temperature, top_k, top_p).
+Pick = tuple[float, int, float] | None
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
 
@@ -119,14 +124,14 @@ class FrameUnit:
         self.predictor = predictor
         self.frames = 0  # frames this unit ran (tests read it)
         self.replays = 0  # of which replayed a captured graph
-        self._graphs: dict[tuple[int, int], _Graph] = {}  # (padded batch, KV span) -> its graph
+        self._graphs: dict[tuple[int, Pick, int], _Graph] = {}  # (padded batch, pick, KV span) -> its graph
         self._failed: set[int] = set()
         self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
         # Where a size's capture runs: None, inline in the frame that first needs it; else
         # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
         # written until it has run.
         self.defer: Callable[[Callable[[], None]], None] | None = None
-        self._pending: set[tuple[int, int]] = set()
+        self._pending: set[tuple[int, Pick, int]] = set()
         self._pool: Any = None  # the CUDA graphs' shared memory pool
         rotary = talker.talker.model.rotary_emb
         # Why the unit cannot run this model's frames (None: it can): it runs the lean layers.
@@ -178,14 +183,18 @@ class FrameUnit:
             return False
         return predictor._mask_free.get(predictor.predictor.model.config._attn_implementation) is True
 
-    def capturable(self, replies: list[Any]) -> int | None:
-        """The padded batch size these replies' frame replays at, or None: it runs as written
-        (more replies than the largest size, a size whose capture failed, sampled codes: the
-        draws on the device are issue 32 item 3; experts whose path depends on the data)."""
+    def capturable(self, replies: list[Any]) -> tuple[int, Pick] | None:
+        """The padded batch size these replies' frame replays at and how it picks codes, or
+        None: it runs as written (more replies than the largest size, a size whose capture
+        failed, experts whose path depends on the data, a reply with its own generator: its
+        draws are its own; replies sampling with different settings)."""
         size = padded_batch(len(replies))
-        if size is None or size in self._failed or any(reply.sampling.do_sample for reply in replies):
+        if size is None or size in self._failed or not self._static(size):
             return None
-        return size if self._static(size) else None
+        picks = {_pick_of(reply.sampling) for reply in replies}
+        if len(picks) != 1 or any(reply._generator is not None for reply in replies):
+            return None
+        return size, picks.pop()
 
     def _static(self, size: int) -> bool:
         """Whether a frame of `size` rows runs the same operators whatever the data."""
@@ -217,9 +226,9 @@ class FrameUnit:
             # One column more than the rows need: padding rows write the last one (see `_Graph`).
             cache._ensure_capacity(max(starts) + 2)
             inputs = self._inputs(replies, starts)
-            size = self.capturable(replies)
-            if size is not None:
-                outputs = self._captured(inputs, size, max(starts) + 1)
+            captured = self.capturable(replies)
+            if captured is not None:
+                outputs = self._captured(inputs, *captured, max(starts) + 1)
             else:
                 outputs = self.frame(inputs, max(starts) + 1, replies)
             for reply, start in zip(replies, starts):
@@ -264,12 +273,12 @@ class FrameUnit:
 
     # ------------------------------------------------------------------ the unit itself
 
-    def frame(self, inputs: FrameInputs, kv_length: int, replies: list[Any] | None = None):
+    def frame(self, inputs: FrameInputs, kv_length: int, replies: list[Any] | None = None, pick: Pick = None):
         """The whole frame as tensor ops: (codes [B, G] long, summed code embeddings [B, D],
         the talker's outputs [B, D], the step's positions [4, B]). `kv_length`: the KV columns
         read (a `kv_span` when captured, the longest row + 1 as written). `replies`: pick
         the codes through talker_sampling.py's functions (their settings, their generators);
-        None: greedy (what a CUDA graph captures)."""
+        None: as `pick` says, the same for every row (what a capture records: `_pick_of`)."""
         cache = self.slots.cache
         rows = inputs.rows.shape[0]
         # The decode input: last frame's code embeddings + what the step reads (talker_engine.decode_inputs).
@@ -307,7 +316,7 @@ class FrameUnit:
             x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
             hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)  # [B, D]
-        codes, next_embeds = self._codes(hidden, inputs, replies)
+        codes, next_embeds = self._codes(hidden, inputs, replies, pick)
         return codes, next_embeds, hidden, positions
 
     def _predictor_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Any,
@@ -347,7 +356,7 @@ class FrameUnit:
         sin = torch.cat((-sin, sin), dim=-1).to(dtype)
         return cos[:, None], sin[:, None]
 
-    def _codes(self, hidden: torch.Tensor, inputs: FrameInputs, replies: list[Any] | None):
+    def _codes(self, hidden: torch.Tensor, inputs: FrameInputs, replies: list[Any] | None, pick: Pick = None):
         """The talker's code and the code predictor's residual codes of each row, and the sum of
         the frame's code embeddings (the order `generate()` sums them)."""
         logits = F.linear(hidden, self.codec_head.weight, self.codec_head.bias).float()  # [B, V]
@@ -356,7 +365,8 @@ class FrameUnit:
         else:
             penalized = torch.where(logits < 0, logits * inputs.penalty, logits / inputs.penalty)
             scores = torch.where(inputs.seen, penalized, logits)
-            first = torch.where(self.talker.suppress_mask, -float("inf"), scores).argmax(dim=-1)
+            scores = torch.where(self.talker.suppress_mask, -float("inf"), scores)
+            first = scores.argmax(dim=-1) if pick is None else _sampled(scores, *pick)
         first_embed = F.embedding(first[:, None], self.codec_embed.weight)  # [B, 1, D]
         step = torch.cat((hidden[:, None], first_embed), dim=1)  # [B, 2, D]
         predictor = self.predictor
@@ -370,7 +380,12 @@ class FrameUnit:
             positions, cos, sin = ropes[group - 1]
             out = self._predictor_layers(step, cos, sin, attention, keys, values, positions)
             logits = F.linear(out, *self.heads[group - 1])[:, -1].float()  # the eager path's GEMM shape
-            code = residual_codes(replies, logits) if replies is not None else logits.argmax(dim=-1)
+            if replies is not None:
+                code = residual_codes(replies, logits)
+            elif pick is None:
+                code = logits.argmax(dim=-1)
+            else:  # the code predictor's sampling in generate(): top-k 50, top-p 0.8
+                code = _sampled(logits, 1.0, _RESIDUAL_TOP_K, _RESIDUAL_TOP_P)
             codes.append(code)
             table, padding = self.tables[group - 1]
             step = F.embedding(code[:, None], table, padding)
@@ -379,51 +394,72 @@ class FrameUnit:
 
     # ------------------------------------------------------------------ CUDA graphs
 
-    def _captured(self, inputs: FrameInputs, size: int, kv_length: int):
-        """The frame through the captured graph of its padded size and KV span (made at its
-        first use, and again when the cache has grown); a size whose capture failed runs this
-        frame as written, and later ones as `capturable` says."""
+    def _captured(self, inputs: FrameInputs, size: int, pick: Pick, kv_length: int):
+        """The frame through the captured graph of its padded size, pick and KV span (made at
+        its first use, and again when the cache has grown); a size whose capture failed runs
+        this frame as written, and later ones as `capturable` says."""
         rows = inputs.rows.shape[0]
         if not self.cuda and _python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the frame runs as written, the same aten calls the trace makes.
-            return self.frame(inputs, kv_length)
+            return self.frame(inputs, kv_length, pick=pick)
         cache = self.slots.cache
-        span = kv_span(kv_length, cache.capacity)
-        graph = self._graphs.get((size, span))
+        key = (size, pick, kv_span(kv_length, cache.capacity))
+        graph = self._graphs.get(key)
         if graph is None or graph.key != _cache_key(cache):
             if self.defer is not None:  # captured in idle time; this frame runs as written
-                if (size, span) not in self._pending:
-                    self._pending.add((size, span))
-                    self.defer(functools.partial(self._capture, size, span))
-                return self.frame(inputs, kv_length)
-            graph = self._make(size, span, int(inputs.rows[0]))
+                if key not in self._pending:
+                    self._pending.add(key)
+                    self.defer(functools.partial(self._capture, key))
+                return self.frame(inputs, kv_length, pick=pick)
+            graph = self._make(key, int(inputs.rows[0]))
             if graph is None:
-                return self.frame(inputs, kv_length)
+                return self.frame(inputs, kv_length, pick=pick)
         self.replays += 1
         return graph.replay(inputs, rows)
 
     @torch.inference_mode()
-    def _capture(self, size: int, span: int) -> None:
-        """Capture padded batch `size` over `span` KV columns now (what `defer` runs): every row
-        of it is padding, on row 0's last column, kept past every row's length."""
-        self._pending.discard((size, span))
+    def _capture(self, key: tuple[int, Pick, int]) -> None:
+        """Capture `key` (padded batch, pick, KV span) now (what `defer` runs): every row of it
+        is padding, on row 0's last column, kept past every row's length."""
+        self._pending.discard(key)
         cache = self.slots.cache
         with cache.lock:
             cache._ensure_capacity(max(cache.lengths) + 2)
-            graph = self._graphs.get((size, span))
-            if size not in self._failed and span <= cache.capacity and (graph is None or graph.key != _cache_key(cache)):
-                self._make(size, span, 0)
+            graph = self._graphs.get(key)
+            if key[0] not in self._failed and key[2] <= cache.capacity and (graph is None or graph.key != _cache_key(cache)):
+                self._make(key, 0)
 
-    def _make(self, size: int, span: int, row: int) -> _Graph | None:
+    def _make(self, key: tuple[int, Pick, int], row: int) -> _Graph | None:
+        size, pick, span = key
         try:
-            graph = self._graphs[(size, span)] = _Graph(self, size, span, row)
+            graph = self._graphs[key] = _Graph(self, size, pick, span, row)
             return graph
         except Exception:  # noqa: BLE001 - capture is an optimisation: the frame still runs
             log.warning("talker frames of padded batch %s cannot be captured; they run eager", size, exc_info=True)
             self._failed.add(size)
-            self._graphs.pop((size, span), None)
+            self._graphs.pop(key, None)
             return None
+
+
+def _pick_of(sampling: Any) -> Pick:
+    """How a reply's codes are picked, as a capture records it: None (greedy), or its
+    (temperature, top_k, top_p) (its repetition penalty is an input of the frame)."""
+    if not sampling.do_sample:
+        return None
+    return (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
+
+
+def _sampled(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """talker_sampling.py's warpers and draw for rows that share the global generator: the same
+    operators in the same order, so the same draws as the eager path from the same RNG state."""
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k:
+        scores = _top_k(scores, top_k)
+    if top_p < 1.0:
+        scores = _top_p(scores, top_p)
+    return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).view(-1)
 
 
 def kv_span(kv_length: int, capacity: int) -> int:
@@ -468,7 +504,7 @@ class _Graph:
     write the cache's last column (`run` keeps it past the frame's rows; a row that reaches it
     later writes it before reading it)."""
 
-    def __init__(self, unit: FrameUnit, size: int, span: int, row: int):
+    def __init__(self, unit: FrameUnit, size: int, pick: Pick, span: int, row: int):
         cache = unit.slots.cache
         self.unit, self.size, self.key = unit, size, _cache_key(cache)
         device = unit.device
@@ -489,15 +525,15 @@ class _Graph:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
-                    unit.frame(self.inputs, span)
+                    unit.frame(self.inputs, span, pick=pick)
             torch.cuda.current_stream(device).wait_stream(stream)
             if unit._pool is None:
                 unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
             with torch.cuda.graph(self.graph, pool=unit._pool):
-                self.outputs = unit.frame(self.inputs, span)
+                self.outputs = unit.frame(self.inputs, span, pick=pick)
         else:
             def frame(*tensors: torch.Tensor):
-                return unit.frame(FrameInputs(*tensors), span)
+                return unit.frame(FrameInputs(*tensors), span, pick=pick)
 
             with warnings.catch_warnings(), _weights_as_constants(unit.talker):
                 warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers

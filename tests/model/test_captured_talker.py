@@ -98,7 +98,32 @@ def test_sampled_frames_run_the_unit_as_written_with_each_seeds_own_draws(talker
     for want, got in zip(*frames):
         for w, g in zip(want, got):
             assert torch.equal(w, g)
-    assert captured.frame_unit.replays == replays  # sampled: not replayed (draws on the device are item 3)
+    assert captured.frame_unit.replays == replays  # a reply with its own generator: not replayed
+
+
+def test_sampled_frames_without_seeds_replay_with_the_eager_draws(talkers, prompt_ids):  # noqa: F811
+    eager, captured = talkers
+    sampling = TalkerSampling(do_sample=True)  # the profiles' talker: the global generator
+
+    def replies(talker):
+        made = [new_reply(talker, _user_turn(prompt_ids, words), sampling=sampling) for words in (1, 4)]
+        for index, reply in enumerate(made):
+            reply.add_text(TEXT, final=True)
+            torch.manual_seed(index)  # the prefill draws the first frame's talker code
+            step_replies([reply])  # the prefill, alone
+        return made
+
+    step_replies(replies(captured))  # two other replies' first decode frame makes the capture
+    replays = captured.frame_unit.replays
+    pairs = replies(eager), replies(captured)
+    for frame in range(5):
+        outputs = []
+        for side in pairs:
+            torch.manual_seed(100 + frame)  # the same generator state for each side's draws
+            outputs.append(step_replies(side))
+        for want, got in zip(*outputs):
+            assert torch.equal(want, got), frame
+    assert captured.frame_unit.replays == replays + 5
 
 
 def test_set_graphs_is_the_default_of_the_talkers_built_after_it(model):  # noqa: F811
