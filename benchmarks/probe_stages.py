@@ -139,11 +139,15 @@ def thinker_prefill(omni: Any, tokens: int) -> Prepared | str:
 
 def talker_frame(omni: Any, batch: int, calls: int) -> Prepared | str:
     from benchmarks.talker_batching import _replies
-    from nodes.qwen3_omni.talker_engine import TalkerModel, step_replies
+    from nodes.qwen3_omni.talker_engine import TalkerModel, frame_unit, step_replies
 
     talker = TalkerModel(omni.model)
     replies = _replies(omni, talker, batch, calls + 8)
     step_replies(replies)  # the prefills: every later call is one frame of every reply
+    step_replies(replies)  # the first decode frame: every reply has its slot-cache row
+    unit = frame_unit(talker)
+    if unit is not None:  # captured: what the timed frames replay is captured before them
+        unit.prepare(replies, calls + 6)
     model = omni.talker
     read, macs = weights_cost(model.model, batch, embedding_names=("codec_embedding",))
     for head in (model.codec_head, model.text_projection):

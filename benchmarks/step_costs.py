@@ -72,7 +72,7 @@ def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "au
     cannot run under a Python dispatch mode): the same aten calls, counted. `talker`: a
     `TalkerModel` to reuse (its captures with it), else a new one."""
     from benchmarks.talker_batching import _replies
-    from nodes.qwen3_omni.talker_engine import TalkerModel, step_replies
+    from nodes.qwen3_omni.talker_engine import TalkerModel, frame_unit, step_replies
 
     talker = talker or TalkerModel(omni.model, graphs=graphs)
     best = float("inf")
@@ -82,6 +82,9 @@ def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "au
         step_replies([reply])  # the prefill
         for _ in range(frames):  # warm-up frames
             step_replies([reply])
+        unit = frame_unit(talker)
+        if unit is not None:  # what the counted and timed frames replay, captured before them
+            unit.prepare([reply], frames + 2)
         with DispatchCounts(omni.device) as counts:
             step_replies([reply])
         ops, syncs = counts.ops, counts.host_syncs

@@ -208,6 +208,27 @@ class FrameUnit:
                 return False  # its experts are chosen on the host
         return True
 
+    @torch.inference_mode()
+    def prepare(self, replies: list[Any], frames: int) -> int:
+        """Capture now what the next `frames` frames of `replies` (all decoding, each with its
+        row) will replay, so that none of them captures (benchmarks time frames, not captures).
+        -> the captures made."""
+        captured = self.capturable(replies) if self.usable(replies) else None
+        if captured is None:
+            return 0
+        size, pick = captured
+        cache = self.slots.cache
+        made = 0
+        with cache.lock:
+            longest = max(cache.lengths[reply._slot] for reply in replies)
+            cache._ensure_capacity(longest + frames + 2)
+            for span in sorted({kv_span(longest + 1 + k, cache.capacity) for k in range(frames)}):
+                key = (size, pick, span)
+                graph = self._graphs.get(key)
+                if graph is None or graph.key != _cache_key(cache):
+                    made += self._make(key, replies[0]._slot) is not None
+        return made
+
     # ------------------------------------------------------------------ one frame of B replies
 
     @torch.inference_mode()
