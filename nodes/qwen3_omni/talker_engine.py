@@ -383,7 +383,10 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
     the shared slot cache (a reply joins it at its first decode step, or at its prefill when that
     ran in a group); the talker codes of all replies are picked at once (talker_sampling.py), and
     the code predictor, which starts afresh every frame with the same shapes for everyone, runs
-    batched too (code_predictor.py). A reply whose own work fails gets its exception back alone.
+    batched too (code_predictor.py). With `compute: {graphs: auto}` (the talker's `graphs`) the
+    decode frames are instead one captured unit: the talker step, its codes and the code
+    predictor's, one host read (captured.py; the prefilled replies' frames stay on this path).
+    A reply whose own work fails gets its exception back alone.
     """
     results: list[torch.Tensor | None | BaseException] = [None] * len(replies)
     prefilling: list[int] = []
