@@ -133,6 +133,11 @@ class FrameUnit:
         self.defer: Callable[[Callable[[], None]], None] | None = None
         self._pending: set[tuple[int, Pick, int]] = set()
         self._pool: Any = None  # the CUDA graphs' shared memory pool
+        # Whether a frame of `rows` rows attends over the whole cache of `slots` rows in place
+        # (reads every row once, copies none) rather than over its rows copied out (reads and
+        # writes them again): on CUDA, where the copy is bandwidth, once the frame's rows are at
+        # least half of the cache's; on CPU (small rows, per-operator costs) never.
+        self.attend_in_place: Callable[[int, int], bool] = lambda rows, slots: self.cuda and 2 * rows >= slots
         rotary = talker.talker.model.rotary_emb
         # Why the unit cannot run this model's frames (None: it can): it runs the lean layers.
         self.why_not = slots.lean_decode.why_not or predictor.lean.why_not
@@ -312,9 +317,18 @@ class FrameUnit:
         # the columns each row sees (0 .. its start).
         columns = ((inputs.rows[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
                    + inputs.starts[:, None]).view(-1)
-        hidden_mask = cache._column_range[:kv_length][None, :] > inputs.starts[:, None]
+        in_place = self.attend_in_place(rows, cache.slots)
+        if in_place:
+            # Every row of the cache attends where it lies: the frame's rows with their queries,
+            # the others (and padding: its start is the last column) with zeros over column 0.
+            real = (inputs.starts < cache.capacity - 1).to(cache.dtype)[:, None, None, None]  # [B, 1, 1, 1]
+            seen = torch.zeros(cache.slots, dtype=inputs.starts.dtype, device=cache.device).index_add_(
+                0, inputs.rows, inputs.starts * real.view(-1).to(inputs.starts.dtype))
+        else:
+            seen = inputs.starts
+        hidden_mask = cache._column_range[:kv_length][None, :] > seen[:, None]
         mask = torch.zeros(hidden_mask.shape, dtype=cache.dtype, device=cache.device).masked_fill_(
-            hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B, 1, 1, kv]
+            hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B or slots, 1, 1, kv]
         hidden = embeds
         for layer in self.layers:
             head_weights = self._head_weights[id(layer)]
@@ -330,9 +344,14 @@ class FrameUnit:
             head_dim = keys.shape[-1]
             keys.view(-1, head_dim).index_copy_(0, columns, key.reshape(-1, head_dim))
             values.view(-1, head_dim).index_copy_(0, columns, value.reshape(-1, head_dim))
-            row_keys = keys[:, :, :kv_length].index_select(0, inputs.rows)
-            row_values = values[:, :, :kv_length].index_select(0, inputs.rows)
-            out = F.scaled_dot_product_attention(query, row_keys, row_values, attn_mask=mask, scale=layer.scaling)
+            if in_place:  # the cache's rows as they are: no copy
+                queries = query.new_zeros((cache.slots, *query.shape[1:])).index_add_(0, inputs.rows, query * real)
+                out = F.scaled_dot_product_attention(queries, keys[:, :, :kv_length], values[:, :, :kv_length],
+                                                     attn_mask=mask, scale=layer.scaling).index_select(0, inputs.rows)
+            else:  # the frame's rows copied out
+                row_keys = keys[:, :, :kv_length].index_select(0, inputs.rows)
+                row_values = values[:, :, :kv_length].index_select(0, inputs.rows)
+                out = F.scaled_dot_product_attention(query, row_keys, row_values, attn_mask=mask, scale=layer.scaling)
             hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
             x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
             hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))

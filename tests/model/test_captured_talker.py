@@ -151,3 +151,24 @@ def test_with_a_deferred_capture_frames_run_as_written_until_it_has_run(model, p
             queued.pop()()
         assert torch.equal(step_replies([reply])[0], step_replies([alone])[0])
     assert unit.frames == 4 and unit.replays == 2 and not queued
+
+
+def test_frames_attending_over_the_whole_cache_in_place_give_the_eager_codes(model, prompt_ids):  # noqa: F811
+    talker, eager = TalkerModel(model, graphs="auto"), TalkerModel(model, graphs="off")
+    unit = frame_unit(talker)
+    unit.attend_in_place = lambda rows, slots: True  # the CUDA choice, here on CPU
+    pairs = []
+    for words in (0, 3, 6):  # 3 rows: padded to 4, among the cache's other rows
+        made = [new_reply(t, _user_turn(prompt_ids, words)) for t in (eager, talker)]
+        for reply in made:
+            reply.add_text(TEXT, final=True)
+        pairs.append(made)
+    replays = unit.replays
+    for frame in range(5):
+        want = step_replies([e for e, _ in pairs])
+        got = step_replies([c for _, c in pairs])
+        for (e, c), w, g in zip(pairs, want, got):
+            assert torch.equal(w, g), frame
+            if frame:
+                torch.testing.assert_close(_logits(talker, c), _logits(eager, e), rtol=1e-5, atol=1e-5)
+    assert unit.replays == replays + 4  # every decode frame replayed
