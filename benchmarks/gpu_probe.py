@@ -20,8 +20,9 @@ With `--shrink N` every width, head, layer and expert count is divided by N and 
 context and prefill lengths; on CPU the dtype is float32 and the bandwidth a measured copy.
 
 `--graphs`: `off` times the eager steps; `auto` the engine's captured steps where it has them
-(`compute: {graphs: auto}`, docs/ARCHITECTURE.md); `both` times each stage both ways. Without a
-captured path in the engine, `auto` and `both` time the eager steps and say so in the notes.
+(`compute: {graphs: auto}`, docs/ARCHITECTURE.md); `both` times every stage eager (`stages`),
+then again captured each stage that has a captured form (`captured`: the talker + code predictor
+frame, nodes/qwen3_omni/captured.py). The notes say which stages have none and ran eager only.
 """
 
 from __future__ import annotations
@@ -49,18 +50,18 @@ TALKER_BATCHES = (1, 16, 64)
 # The modules the realtime bench's server needs beyond torch and the image (scripts/device-kit.sh carries them).
 SERVER_MODULES = ("msgspec", "fastapi", "starlette", "pydantic", "uvicorn", "websockets", "soxr", "soundfile",
                   "silero_vad", "python_multipart", "transformers", "yaml", "uvloop", "httpx", "onnxruntime", "prometheus_client")
+# The stages whose steps have a captured form (`compute: {graphs: auto}`); the others run eager either way.
+CAPTURED_STAGES = ("talker_frame",)
 OPTIONAL_MODULES = {"aiortc": "WebRTC calls", "av": "WebRTC audio and mp3/opus speech", "xgrammar": "tool-call grammars"}
 
 
 def use_captured_steps(omni: Any, graphs: str) -> str | None:
     """The one switch between the engine's eager and captured steps (`compute: {graphs: ...}`,
     issue 32): None when the model's engines now run `graphs` ("auto" or "off"), else why not."""
-    if graphs == "off":
-        return None
     try:
-        from nodes.qwen3_omni.captured import set_graphs  # type: ignore[import-not-found]
+        from nodes.qwen3_omni.captured import set_graphs
     except ImportError:
-        return "this engine has no captured steps yet: every stage ran eager"
+        return None if graphs == "off" else "this engine has no captured steps yet: every stage ran eager"
     set_graphs(omni, graphs)
     return None
 
@@ -175,6 +176,8 @@ class Probe:
                     figures.update(roofline(prepared.cost, self.rates))
                     figures["over_roofline"] = round(figures.get("gpu_ms") or figures["wall_ms"], 4) / max(figures["roofline_ms"], 1e-9)
                     figures["over_roofline"] = round(figures["over_roofline"], 2)
+                    if prepared.after is not None:
+                        figures.update(prepared.after())
                     into[name] = {**prepared.info, **figures}
                 del prepared
             except torch.OutOfMemoryError as exc:
@@ -242,12 +245,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_probe: {why_not}")
             if mode == "auto" and "off" in modes:
                 continue  # `both` without a captured path: the eager run stands alone
-        into = probe.report["stages"] if mode == "off" or why_not is not None else probe.report.setdefault("captured", {})
-        if mode == "auto" and why_not is None:
-            into = probe.report["stages"] if args.graphs == "auto" else probe.report.setdefault("captured", {})
+        run_plan, into = plan, probe.report["stages"]
+        if mode == "auto" and "off" in modes:  # `both`: the stages with a captured form, again
+            run_plan = [entry for entry in plan if entry[0].startswith(CAPTURED_STAGES)]
+            eager_only = [entry[0] for entry in plan if not entry[0].startswith(CAPTURED_STAGES)]
+            if eager_only:
+                note = f"no captured steps for {', '.join(eager_only)}: timed eager only"
+                probe.report["notes"].append(note)
+                print(f"gpu_probe: {note}")
+            if not run_plan:
+                continue
+            into = probe.report.setdefault("captured", {})
         print(f"gpu_probe: {'eager' if mode == 'off' or why_not else 'captured'} steps")
         print(_header())
-        probe.run(omni, plan, into)
+        probe.run(omni, run_plan, into)
     probe.report["total_s"] = round(time.monotonic() - probe.started, 1)
     probe.write()
     ran = sum(1 for figures in probe.report["stages"].values() if "skipped" not in figures)

@@ -8,7 +8,10 @@ Every step goes through the project's own model code, as the engines call it:
   so no prefill is needed to get there; the cache is sized up front, as on a GPU deployment);
 - `thinker_prefill`: `ThinkerRunner.forward_rows` of one `tokens`-long chunk into an empty row;
 - `talker_frame`: one `step_replies` call for `batch` replies: the batched talker forward, the
-  talker codes and the code predictor's 15 residual codes (benchmarks/talker_batching.py's replies);
+  talker codes and the code predictor's 15 residual codes (benchmarks/talker_batching.py's replies),
+  greedy; with `compute: {graphs: auto}` (`captured.set_graphs`) one captured frame unit
+  (nodes/qwen3_omni/captured.py: a CUDA graph per padded batch on CUDA), reported with how many
+  of its frames were replayed;
 - `code2wav_chunk`: a `Code2WavStream.push` of one streaming chunk (6 frames, 480 ms of audio);
 - `audio_encoder`: `encode_turns` of 5 s of 16 kHz audio's log-mel features.
 
@@ -42,6 +45,8 @@ class Prepared:
     step: Callable[[], Any]
     cost: StageCost
     info: dict[str, Any] = field(default_factory=dict)
+    # What the stage says after it was timed (the talker: whether its frames were replayed captured).
+    after: Callable[[], dict[str, Any]] | None = None
 
 
 def weights_cost(module: torch.nn.Module, tokens: int, *, embedding_names: tuple[str, ...] = ()) -> tuple[float, float]:
@@ -134,11 +139,15 @@ def thinker_prefill(omni: Any, tokens: int) -> Prepared | str:
 
 def talker_frame(omni: Any, batch: int, calls: int) -> Prepared | str:
     from benchmarks.talker_batching import _replies
-    from nodes.qwen3_omni.talker_engine import TalkerModel, step_replies
+    from nodes.qwen3_omni.talker_engine import TalkerModel, frame_unit, step_replies
 
     talker = TalkerModel(omni.model)
     replies = _replies(omni, talker, batch, calls + 8)
     step_replies(replies)  # the prefills: every later call is one frame of every reply
+    step_replies(replies)  # the first decode frame: every reply has its slot-cache row
+    unit = frame_unit(talker)
+    if unit is not None:  # captured: what the timed frames replay is captured before them
+        unit.prepare(replies, calls + 6)
     model = omni.talker
     read, macs = weights_cost(model.model, batch, embedding_names=("codec_embedding",))
     for head in (model.codec_head, model.text_projection):
@@ -151,7 +160,12 @@ def talker_frame(omni: Any, batch: int, calls: int) -> Prepared | str:
     heads = sum(p.numel() for p in predictor.lm_head.parameters())
     read += residual_steps * layer_read + heads * omni.dtype.itemsize  # the predictor's layers once per residual code
     flops = 2.0 * batch * (macs + (residual_steps + 1) * layer_macs + heads)
-    return Prepared(lambda: step_replies(replies), StageCost(read, flops), {"batch": batch})
+
+    def after() -> dict[str, Any]:
+        unit = talker.frame_unit
+        return {"graphs": talker.graphs, "replayed_frames": 0 if unit is None else unit.replays}
+
+    return Prepared(lambda: step_replies(replies), StageCost(read, flops), {"batch": batch}, after)
 
 
 def code2wav_chunk(omni: Any) -> Prepared | str:

@@ -5,7 +5,9 @@
 - `thinker`: one decode step of 16 sessions through the executor's batch function (`run_calls`,
   the function the thinker node's shared executor runs): operators and host syncs per step.
 - `talker`: one frame of one reply (`step_replies`: the talker forward, its code, the code
-  predictor's residual codes): operators, host syncs and ms per frame.
+  predictor's residual codes): operators, host syncs and ms per frame, with the profile's
+  `compute: {graphs}` as `--graphs` says (auto: the captured frame, nodes/qwen3_omni/captured.py;
+  off: eager; both: each, alternating in one run, under `talker.off` / `talker.auto`).
 
 These are the figures that bound a GPU engine (every operator a launch, every sync a stall), and
 they are properties of the code, so they are measured on CPU too (`benchmarks/dispatch_counts.py`).
@@ -61,20 +63,28 @@ def _step(runner: Any, run_calls: Any, call: Any, sessions: list[Any]) -> None:
             raise result
 
 
-def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES) -> dict[str, Any]:
-    """One reply's talker frames, one `step_replies` call each: ms per frame (the best of three
-    runs of `frames` frames), operators and host syncs of one frame."""
+def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES, graphs: str = "auto", runs: int = 3,
+                       talker: Any = None) -> dict[str, Any]:
+    """One reply's talker frames, one `step_replies` call each, with `compute: {graphs}` =
+    `graphs`: ms per frame (the best of `runs` runs of `frames` frames, after as many frames of
+    warm-up: the captured path has captured its frame by then), operators and host syncs of one
+    frame. Under the counter the captured path runs as written on CPU (the trace it replays
+    cannot run under a Python dispatch mode): the same aten calls, counted. `talker`: a
+    `TalkerModel` to reuse (its captures with it), else a new one."""
     from benchmarks.talker_batching import _replies
-    from nodes.qwen3_omni.talker_engine import TalkerModel, step_replies
+    from nodes.qwen3_omni.talker_engine import TalkerModel, frame_unit, step_replies
 
-    talker = TalkerModel(omni.model)
+    talker = talker or TalkerModel(omni.model, graphs=graphs)
     best = float("inf")
     ops = syncs = 0
-    for _ in range(3):
+    for _ in range(runs):
         (reply,) = _replies(omni, talker, 1, 2 * frames + 4)
         step_replies([reply])  # the prefill
         for _ in range(frames):  # warm-up frames
             step_replies([reply])
+        unit = frame_unit(talker)
+        if unit is not None:  # what the counted and timed frames replay, captured before them
+            unit.prepare([reply], frames + 2)
         with DispatchCounts(omni.device) as counts:
             step_replies([reply])
         ops, syncs = counts.ops, counts.host_syncs
@@ -82,17 +92,39 @@ def talker_frame_costs(omni: Any, frames: int = TALKER_FRAMES) -> dict[str, Any]
         for _ in range(frames):
             step_replies([reply])
         best = min(best, (time.perf_counter() - started) / frames)
-    return {"ms_per_frame": round(best * 1000, 3), "ops_per_frame": ops, "host_syncs_per_frame": syncs}
+    figures = {"graphs": graphs, "ms_per_frame": round(best * 1000, 3), "ops_per_frame": ops, "host_syncs_per_frame": syncs}
+    unit = talker.frame_unit
+    if graphs == "auto":
+        figures["replayed_frames"] = 0 if unit is None else unit.replays
+    return figures
+
+
+def talker_both(omni: Any, runs: int = 3) -> dict[str, Any]:
+    """The eager and the captured talker in one run, their timed runs alternating (the machine is
+    shared: a slow moment hits both): {"off": ..., "auto": ..., "ms_ratio", "ops_ratio"}."""
+    from nodes.qwen3_omni.talker_engine import TalkerModel
+
+    results: dict[str, list[dict[str, Any]]] = {"off": [], "auto": []}
+    talkers = {graphs: TalkerModel(omni.model, graphs=graphs) for graphs in results}  # captures kept across runs
+    for _ in range(runs):
+        for graphs in results:
+            results[graphs].append(talker_frame_costs(omni, graphs=graphs, runs=1, talker=talkers[graphs]))
+    best = {graphs: min(figures, key=lambda f: f["ms_per_frame"]) for graphs, figures in results.items()}
+    return {**best, "ms_ratio": round(best["auto"]["ms_per_frame"] / best["off"]["ms_per_frame"], 3),
+            "ops_ratio": round(best["auto"]["ops_per_frame"] / max(best["off"]["ops_per_frame"], 1), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=1, help="the random checkpoint's scale (see thinker_batching)")
+    parser.add_argument("--graphs", choices=("auto", "off", "both"), default="auto",
+                        help="the talker's compute.graphs: auto (captured frames), off (eager), both (one run)")
     args = parser.parse_args(argv)
     from benchmarks.thinker_batching import _load
 
     omni = _load(args.scale)
-    print(json.dumps({"thinker": thinker_step_costs(omni), "talker": talker_frame_costs(omni)}, indent=2))
+    talker = talker_both(omni) if args.graphs == "both" else talker_frame_costs(omni, graphs=args.graphs)
+    print(json.dumps({"thinker": thinker_step_costs(omni), "talker": talker}, indent=2))
     return 0
 
 

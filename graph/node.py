@@ -123,13 +123,16 @@ class Node(abc.ABC):
 
 
 class NodeContext:
-    """What the runtime gives every node: shared resources and the compute pool."""
+    """What the runtime gives every node: shared resources, the compute pool and the profile's
+    `compute: {graphs}` (whether model steps run as captured graphs where the node has them)."""
 
-    def __init__(self, resources: dict[str, Any], compute: ComputePool, limits: SessionLimits | None = None):
+    def __init__(self, resources: dict[str, Any], compute: ComputePool, limits: SessionLimits | None = None,
+                 graphs: str = "auto"):
         self.resources = resources
         self.compute = compute
         # The profile's limits: what a node sizes its KV allocated at start from (kv_sessions, max_seq_len).
         self.limits = limits if limits is not None else SessionLimits()
+        self.graphs = graphs
 
     def resource(self, name: str) -> Any:
         try:

@@ -82,7 +82,7 @@ class GraphRuntime:
             assert factory is not None  # validated
             with _stage(f"loading resource {name} ({resource.type})"):
                 self.resources[name] = await self.compute.run(factory, resource.params)
-        context = NodeContext(self.resources, self.compute, self.limits)
+        context = NodeContext(self.resources, self.compute, self.limits, self.spec.compute_graphs)
         for name, node_spec in self.spec.nodes.items():
             cls = registry.node_class(node_spec.type)
             assert cls is not None  # validated

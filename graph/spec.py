@@ -16,7 +16,8 @@ Layout of a profile:
     compute: {threads: 1, lookahead_ms: 500,         # compute pool workers; how far ahead of its listener a live reply is made
               engines: 1, devices: [cuda:0],         # engine processes (0: in the server's process); a device per engine
               keep_warm_ms: 150,                     # idle compute keeps the first-audio path warm (null: off)
-              unit_trace: null}                      # a directory for each runtime's record of its compute units (graph/unit_trace.py)
+              unit_trace: null,                      # a directory for each runtime's record of its compute units (graph/unit_trace.py)
+              graphs: auto}                          # model steps as captured graphs where a node has them (off: eager)
 
 Every error names the offending key (`edges[2]`, `nodes.vad.type`...) so a bad profile fails
 with one clear line.
@@ -55,6 +56,8 @@ class GraphConfigErrors(GraphConfigError):
 DEFAULT_COMPUTE_THREADS = 1
 DEFAULT_LOOKAHEAD_MS = 500
 DEFAULT_ENGINES = 1
+# `compute: {graphs}`: what the nodes' model steps run as (nodes/qwen3_omni/captured.py).
+GRAPHS = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,10 @@ class GraphSpec:
     # `compute: {unit_trace: DIR}`: each runtime records its units of compute and its turns'
     # stops and first audio, written to DIR at stop (graph/unit_trace.py); null: off.
     compute_unit_trace: str | None = None
+    # `compute: {graphs: auto | off}`: "auto" runs the model steps a node has captured forms of
+    # as captured graphs (CUDA graphs on CUDA; the talker's frame: nodes/qwen3_omni/captured.py);
+    # "off" runs every step eagerly. Nodes read it from their context (`NodeContext.graphs`).
+    compute_graphs: str = "auto"
 
 
 _TOP_LEVEL = {"model_id", "imports", "resources", "nodes", "edges", "inputs", "outputs", "limits", "compute"}
@@ -171,9 +178,9 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
         raise GraphConfigError("limits", str(exc)) from None
 
     compute = _mapping(profile.get("compute", {}), "compute")
-    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices", "keep_warm_ms", "unit_trace"})
+    unknown = sorted(set(compute) - {"threads", "lookahead_ms", "engines", "devices", "keep_warm_ms", "unit_trace", "graphs"})
     if unknown:
-        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices, keep_warm_ms, unit_trace)")
+        raise GraphConfigError(f"compute.{unknown[0]}", "unknown key (known: threads, lookahead_ms, engines, devices, keep_warm_ms, unit_trace, graphs)")
     threads = compute.get("threads", DEFAULT_COMPUTE_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise GraphConfigError("compute.threads", "must be a positive integer")
@@ -197,10 +204,14 @@ def parse_spec(profile: dict[str, Any]) -> GraphSpec:
     if devices and len(devices) != max(engines, 1):
         raise GraphConfigError("compute.devices", f"names {len(devices)} devices for {engines} engines: give one per engine")
 
+    graphs = compute.get("graphs", "auto")
+    if graphs not in GRAPHS:
+        raise GraphConfigError("compute.graphs", f"must be one of {', '.join(GRAPHS)} (off: every model step eager)")
+
     extra = {k: v for k, v in profile.items() if k not in _TOP_LEVEL}
     return GraphSpec(model_id, imports, resources, nodes, edges, inputs, outputs, limits, extra, threads,
                      None if lookahead_ms is None else lookahead_ms / 1000.0, engines, tuple(devices),
-                     None if keep_warm_ms is None else keep_warm_ms / 1000.0, unit_trace)
+                     None if keep_warm_ms is None else keep_warm_ms / 1000.0, unit_trace, graphs)
 
 
 def validate_spec(spec: GraphSpec) -> None:

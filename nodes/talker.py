@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph.executor import continuation_due
+from graph.background import spawn
+from graph.executor import PRIORITY_IDLE, continuation_due
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TalkerPrompt, TurnDone
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
@@ -73,6 +74,7 @@ from nodes.qwen3_omni.talker_engine import (
     TalkerReply,
     TalkerSampling,
     prefill_user_turns,
+    frame_unit,
     step_replies,
 )
 
@@ -111,13 +113,19 @@ class TalkerNode(Node):
         self.omni = self.context.resource(self.params.get("resource", "omni"))
         if getattr(self.omni, "talker", None) is None:
             raise ValueError("the checkpoint has no talker (audio output disabled)")
-        self.model = await self.context.compute.run(TalkerModel, self.omni.model)
+        # `compute: {graphs}`: decode frames as one captured unit (auto) or eager (off).
+        graphs = getattr(self.context, "graphs", "auto")
+        self.model = await self.context.compute.run(TalkerModel, self.omni.model, graphs)
         # One shared executor: the frames that sessions want at the same time run as one batch.
         max_batch = int(self.params.get("max_batch", 16))
         # batch_linger_ms: with fewer replies queued than its last batch, the batch waits this long for the
         # rest (the compute worker runs other work meanwhile).
         linger_s = float(self.params.get("batch_linger_ms", 2.0)) / 1000.0
         self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch, linger_s=linger_s)
+        unit = frame_unit(self.model)
+        if unit is not None:  # a batch size's frames are captured in idle compute, not in a reply's frame
+            loop = asyncio.get_running_loop()
+            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
             max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
@@ -134,6 +142,15 @@ class TalkerNode(Node):
 
     def kv_rows(self) -> int | None:
         return self._kv_rows
+
+    def _capture_later(self, capture: Any) -> None:
+        spawn(self._capture(capture), name="talker-capture")
+
+    async def _capture(self, capture: Any) -> None:
+        try:
+            await self.context.compute.run(capture, priority=PRIORITY_IDLE)
+        except Exception:  # noqa: BLE001 - the runtime stopped first: frames stay eager
+            log.debug("talker frame capture did not run", exc_info=True)
 
     def keep_warm(self):
         """The talker's decoder layers over 8 positions (no cache kept)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from nodes.qwen3_omni.talker_engine import TalkerModel
+    from nodes.qwen3_omni.talker_model import TalkerModel
 
 # The assistant header `<|im_start|>assistant\n`: its first three tokens open the talker's assistant block.
 ASSISTANT_HEADER_TOKENS = 3

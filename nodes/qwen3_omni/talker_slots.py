@@ -31,7 +31,7 @@ guard it.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -43,7 +43,19 @@ from nodes.qwen3_omni.slot_cache import SlotBatch, SlotKVCache
 if TYPE_CHECKING:
     from transformers.cache_utils import DynamicCache
 
-    from nodes.qwen3_omni.talker_engine import TalkerModel, TalkerReply
+    from nodes.qwen3_omni.talker_model import TalkerModel
+
+
+class TalkerReply(Protocol):
+    """What the slot cache reads and sets on a reply (talker_engine.py's `TalkerReply`; named
+    here so that this module does not import the engine)."""
+
+    talker: TalkerModel
+    _cache: DynamicCache | None
+    _slot: int | None
+    _slot_release: Any
+    _last_hidden: torch.Tensor | None
+    _last_position: torch.Tensor | None
 
 
 class TalkerSlots:

@@ -27,16 +27,19 @@ def test_every_stage_runs_on_cpu_and_reports_the_interface_keys(tmp_path, capsys
     assert report["stages"]["thinker_decode.b16.32k"]["context_tokens"] == 2048
     assert report["stages"]["thinker_decode.b16.32k"]["batch"] == 16
     assert report["shrink"] == 16 and report["dtype"] == "float32" and report["rates"]["bandwidth_from"] == "measured"
+    for batch in (1, 16, 64):  # --graphs auto (the default): the talker's frames replayed captured, one host read each
+        talker = report["stages"][f"talker_frame.b{batch}"]
+        assert talker["graphs"] == "auto" and talker["replayed_frames"] > 0 and talker["host_syncs"] == 1
     table = capsys.readouterr().out
     assert all(name in table for name in expected) and "roofline_ms" in table
 
 
-def test_graphs_both_without_a_captured_path_times_eager_once_and_says_so(tmp_path):
+def test_graphs_both_times_a_stage_without_a_captured_path_eager_once_and_says_so(tmp_path):
     assert gpu_probe.main(["--device", "cpu", "--shrink", "16", "--graphs", "both", "--stages", "code2wav",
                            "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu-probe.json").read_text())
     assert list(report["stages"]) == ["code2wav_chunk"] and "captured" not in report
-    assert any("no captured steps" in note for note in report["notes"])
+    assert any("no captured steps for code2wav_chunk" in note for note in report["notes"])
 
 
 def test_a_stage_that_does_not_fit_in_memory_is_skipped_with_its_reason(tmp_path, monkeypatch):

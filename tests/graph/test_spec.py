@@ -83,6 +83,17 @@ def test_keep_warm_ms_is_a_positive_number_of_milliseconds_or_null():
         assert rejected(profile).key == "compute.keep_warm_ms"
 
 
+def test_graphs_is_auto_or_off_and_auto_by_default():
+    profile = relay_sink_profile()
+    assert parse_spec(profile).compute_graphs == "auto"
+    profile["compute"] = {"graphs": "off"}
+    assert parse_spec(profile).compute_graphs == "off"
+    for bad in ("on", True, None, 1):
+        profile["compute"] = {"graphs": bad}
+        error = rejected(profile)
+        assert error.key == "compute.graphs" and "auto, off" in str(error)
+
+
 def test_unknown_input_and_output_ports_are_named():
     profile = relay_sink_profile()
     profile["inputs"] = {"audio": "relay.nope"}
