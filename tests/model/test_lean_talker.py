@@ -206,8 +206,14 @@ def test_the_lean_talker_decode_forward_gives_the_hf_forwards_outputs(experts, t
     assert len(calls) == 1
 
     if experts == "the experts module":
-        assert torch.equal(lean[0], hf[0]) and torch.equal(lean[1], hf[1])
-        assert all(torch.equal(a, b) for a, b in zip(lean[2], hf[2]))  # the KV columns written
+        # The same experts module on the same tokens: bit for bit on some machines, but on an
+        # AMD EPYC with AVX512 kernels (torch.backends.cpu.get_cpu_capability()) its matmuls
+        # round up to ~4e-7 apart for the two callers' input layouts: a few ulp, not equality.
+        torch.testing.assert_close(lean[0], hf[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(lean[1], hf[1], atol=1e-6, rtol=0)
+        for a, b in zip(lean[2], hf[2]):  # the KV columns written
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert torch.equal(lean[0].argmax(-1), hf[0].argmax(-1))
     else:
         torch.testing.assert_close(lean[0], hf[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(lean[1], hf[1], atol=1e-5, rtol=0)
