@@ -122,10 +122,6 @@ class TalkerNode(Node):
         # rest (the compute worker runs other work meanwhile).
         linger_s = float(self.params.get("batch_linger_ms", 2.0)) / 1000.0
         self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch, linger_s=linger_s)
-        unit = frame_unit(self.model)
-        if unit is not None:  # a batch size's frames are captured in idle compute, not in a reply's frame
-            loop = asyncio.get_running_loop()
-            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
             max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
@@ -139,6 +135,12 @@ class TalkerNode(Node):
             capacity = context + (self.limits.max_frames or 4096) + ASSISTANT_BLOCK_RESERVE
             slots = TalkerSlots.for_model(self.model, slots=sessions_at_start(limits), capacity=capacity, grow=False)
             self._kv_rows = None if slots.cache.grow else slots.cache.slots
+        # After the KV allocated at start: the frame unit reads the slot cache, and would make a
+        # growing one if none were there yet.
+        unit = frame_unit(self.model)
+        if unit is not None:  # a batch size's frames are captured in idle compute, not in a reply's frame
+            loop = asyncio.get_running_loop()
+            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
 
     def kv_rows(self) -> int | None:
         return self._kv_rows
