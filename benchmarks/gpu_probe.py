@@ -59,7 +59,7 @@ def use_captured_steps(omni: Any, graphs: str) -> str | None:
     """The one switch between the engine's eager and captured steps (`compute: {graphs: ...}`,
     issue 32): None when the model's engines now run `graphs` ("auto" or "off"), else why not."""
     try:
-        from nodes.qwen3_omni.captured import set_graphs
+        from nodes.qwen3_omni.compute_graphs import set_graphs
     except ImportError:
         return None if graphs == "off" else "this engine has no captured steps yet: every stage ran eager"
     set_graphs(omni, graphs)

@@ -9,7 +9,7 @@ Every step goes through the project's own model code, as the engines call it:
 - `thinker_prefill`: `ThinkerRunner.forward_rows` of one `tokens`-long chunk into an empty row;
 - `talker_frame`: one `step_replies` call for `batch` replies: the batched talker forward, the
   talker codes and the code predictor's 15 residual codes (benchmarks/talker_batching.py's replies),
-  greedy; with `compute: {graphs: auto}` (`captured.set_graphs`) one captured frame unit
+  greedy; with `compute: {graphs: auto}` (`compute_graphs.set_graphs`) one captured frame unit
   (nodes/qwen3_omni/captured.py: a CUDA graph per padded batch on CUDA), reported with how many
   of its frames were replayed;
 - `code2wav_chunk`: a `Code2WavStream.push` of one streaming chunk (6 frames, 480 ms of audio);

@@ -30,7 +30,7 @@ The layers are lean_decode.py's (the same operators as the eager decode step: gr
 logits to float rounding; tests/model/test_captured_talker.py holds it frame by frame, with
 padding rows and replies joining and leaving between frames).
 
-`set_graphs(omni, graphs)` sets the default of every `TalkerModel` built on that model later
+`compute_graphs.set_graphs(omni, graphs)` sets the default of every `TalkerModel` built on that model later
 (the GPU probe's and the benchmarks' switch); a profile's `compute: {graphs}` reaches the talker
 node through its context.
 """
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GRAPHS = ("auto", "off")
 # The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
 PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
@@ -66,23 +65,6 @@ KV_SPANS_FROM = 64
 Pick = tuple[float, int, float] | None
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
-
-
-def check_graphs(graphs: str) -> str:
-    if graphs not in GRAPHS:
-        raise ValueError(f"compute.graphs must be one of {', '.join(GRAPHS)}, not {graphs!r}")
-    return graphs
-
-
-def set_graphs(omni: Any, graphs: str) -> None:
-    """Make `graphs` the default of the talkers built on `omni` (an `OmniModel` or its HF model) from now on."""
-    model = getattr(omni, "model", omni)
-    model._sgl_compute_graphs = check_graphs(graphs)
-
-
-def graphs_of(model: Any) -> str:
-    """The default `set_graphs` gave `model` ("auto" when none)."""
-    return getattr(model, "_sgl_compute_graphs", "auto")
 
 
 def padded_batch(rows: int) -> int | None:

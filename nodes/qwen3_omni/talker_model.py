@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nodes.qwen3_omni.captured import check_graphs, graphs_of
+from nodes.qwen3_omni.compute_graphs import check_graphs, graphs_of
 from nodes.qwen3_omni.code_predictor import CodePredictor
 
 __all__ = ["TalkerModel"]
@@ -50,7 +50,7 @@ class TalkerModel:
     def __init__(self, model: Any, graphs: str | None = None):
         self.model = model
         # `compute: {graphs}`: "auto" runs decode frames as one captured unit where it applies
-        # (captured.py), "off" the eager path. None: what `captured.set_graphs` set on the model.
+        # (captured.py), "off" the eager path. None: what `compute_graphs.set_graphs` set on the model.
         self.graphs = check_graphs(graphs) if graphs is not None else graphs_of(model)
         self.frame_unit: Any = None  # captured.FrameUnit, built at the first decode frame
         self.talker = model.talker

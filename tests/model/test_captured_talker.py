@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from benchmarks.dispatch_counts import DispatchCounts
-from nodes.qwen3_omni.captured import padded_batch, set_graphs
+from nodes.qwen3_omni.captured import padded_batch
+from nodes.qwen3_omni.compute_graphs import set_graphs
 from nodes.qwen3_omni.talker_engine import TalkerLimits, TalkerModel, TalkerSampling, frame_unit, step_replies
 from tests.model.test_talker import model, new_reply, prompt_ids  # noqa: F401 - fixtures
 
