@@ -1,12 +1,36 @@
 """The agent frameworks' own Live API clients, unchanged, against `sgl-omni serve` (the embedded
 tiny model) through the framework harness (tests/frameworks/harness.py): pipecat's
-`OpenAILiveLLMService` and LiveKit's `GPTLiveModel`. Each driver prints what it observed; these tests assert on it."""
+`OpenAILiveLLMService` and LiveKit's `GPTLiveModel`. Each driver prints what it observed; these tests assert on it.
+
+The delegation round trip runs against a second server whose reply node delegates a turn that
+asks it to (tests/live/fakes.py, as test_live_sdk.py does): the embedded model answers every turn
+"Okay, sure!", and Live, unlike the GA dialect, has no `tool_choice` that would force a call."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from tests.frameworks import harness
+from tests.frameworks.drivers.steps import NEW_INSTRUCTIONS, weather_report, weather_sentence
 from tests.frameworks.harness import MODEL, FrameworkRun, run_framework
+from tests.live.fakes import live_profile
+
+
+def run_delegating(name: str, tmp_path: Path, driver_name: str) -> FrameworkRun:
+    """`run_framework` against `sgl-omni serve` on the delegating fake instead of the embedded model."""
+    profile = tmp_path / "delegating.yaml"
+    profile.write_text(json.dumps({**live_profile(), "compute": {"engines": 0}}))  # JSON is YAML
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "EMBEDDED", profile)  # the profile run_framework serves
+        return run_framework(name, tmp_path, driver_name=driver_name)
+
+
+def whole_reply_bytes(run: FrameworkRun) -> int:
+    """The audio of a reply nothing cut: the typed turn's."""
+    return run.step("typed_turn")["audio_bytes"]
 
 
 class TestPipecatLive:
@@ -14,6 +38,11 @@ class TestPipecatLive:
     @classmethod
     def run(cls, tmp_path_factory) -> FrameworkRun:
         return run_framework("pipecat", tmp_path_factory.mktemp("pipecat-live"), driver_name="pipecat_live")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def delegating(cls, tmp_path_factory) -> FrameworkRun:
+        return run_delegating("pipecat", tmp_path_factory.mktemp("pipecat-live-delegation"), "pipecat_delegation_live")
 
     def test_the_session_starts_with_gpt_live_1_answered_by_the_served_model(self, run):
         facts = run.step("connect")
@@ -28,9 +57,41 @@ class TestPipecatLive:
         facts = run.step("spoken_turn")
         assert facts["heard"] and facts["said"] and facts["audio_bytes"] > 0
 
-    def test_no_errors_and_the_server_survives(self, run):
-        assert run.errors == []
-        assert run.server_alive
+    def test_speech_over_a_reply_cuts_it_short_and_is_answered_without_an_interruption_frame(self, run):
+        facts = run.step("barge_in")
+        assert 0 < facts["interrupted_audio_bytes"] < whole_reply_bytes(run), facts
+        assert facts["following_said"] and facts["following_audio_bytes"] > 0, facts
+        # pipecat's Live service leaves barge-in to the model: it broadcasts no InterruptionFrame.
+        assert facts["interruption_frames"] == 0
+
+    def test_instructions_appended_mid_session_are_acknowledged_and_the_session_goes_on(self, run):
+        facts = run.step("instructions_append")
+        assert facts["acknowledged"]
+        assert facts["next_turn"]["heard"] and facts["next_turn"]["said"], facts
+
+    def test_pipecats_user_mute_keeps_speech_over_a_reply_from_the_server_and_unmuting_brings_turns_back(self, run):
+        # pipecat's Live service has no `session.input_audio.mute`: its mute is the user aggregator's.
+        facts = run.step("mute")
+        assert facts["audio_frames_sent_while_muted"] == 0
+        assert facts["reply_audio_bytes"] == whole_reply_bytes(run)  # the speech over it did not cut it
+        assert facts["after_unmute"]["heard"] and facts["after_unmute"]["said"], facts
+
+    def test_an_end_frame_closes_the_session_with_close_requested(self, run):
+        facts = run.step("close")
+        assert facts["reason"] == "close_requested"
+
+    def test_a_delegation_runs_the_backends_tool_and_its_answer_is_what_the_model_says(self, delegating):
+        facts = delegating.step("delegation")
+        assert facts["framework_delegations"] == [facts["delegation"]["id"]]
+        assert facts["tool_function_calls"] == [{"city": "Paris"}]
+        answer = weather_sentence(weather_report("Paris"))
+        assert {"type": "session.commentary.append", "delegation_id": facts["delegation"]["id"], "content": answer} \
+            in [{key: a[key] for key in ("type", "delegation_id", "content")} for a in facts["context_appends"]]
+        assert facts["said_after_answer"] == answer  # the fake speaks the delegation's answer
+
+    def test_no_errors_and_the_server_survives(self, run, delegating):
+        assert run.errors == [] and delegating.errors == []
+        assert run.server_alive and delegating.server_alive
 
 
 class TestLiveKitLive:
@@ -38,6 +99,11 @@ class TestLiveKitLive:
     @classmethod
     def run(cls, tmp_path_factory) -> FrameworkRun:
         return run_framework("livekit", tmp_path_factory.mktemp("livekit-live"), driver_name="livekit_live")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def delegating(cls, tmp_path_factory) -> FrameworkRun:
+        return run_delegating("livekit", tmp_path_factory.mktemp("livekit-live-delegation"), "livekit_delegation_live")
 
     def test_the_session_starts_with_client_delegation_and_gpt_live_1(self, run):
         facts = run.step("connect")
@@ -53,6 +119,36 @@ class TestLiveKitLive:
         facts = run.step("spoken_turn")
         assert facts["heard"] and facts["said"] and facts["audio_bytes"] > 0
 
-    def test_no_errors_and_the_server_survives(self, run):
-        assert run.errors == []
-        assert run.server_alive
+    def test_speech_over_a_reply_cuts_it_short_and_livekit_sees_the_user_speak(self, run):
+        facts = run.step("barge_in")
+        assert 0 < facts["interrupted_audio_bytes"] < whole_reply_bytes(run), facts
+        assert facts["following_said"] and facts["following_audio_bytes"] > 0, facts
+        assert facts["input_speech_started"] > 0  # livekit's own event, from the input transcript
+
+    def test_append_instructions_is_acknowledged_and_the_session_goes_on(self, run):
+        facts = run.step("instructions_append")
+        assert facts["sent"] == {"type": "session.instructions.append", "content": NEW_INSTRUCTIONS}
+        assert facts["acknowledged"]
+        assert facts["next_turn"]["heard"] and facts["next_turn"]["said"], facts
+
+    def test_mute_input_silences_speech_over_a_reply_and_unmute_input_brings_turns_back(self, run):
+        facts = run.step("mute")
+        assert (facts["muted_acknowledged"], facts["unmuted_acknowledged"]) == (True, True)
+        assert facts["reply_audio_bytes"] == whole_reply_bytes(run)  # the speech over it did not cut it
+        assert facts["after_unmute"]["heard"] and facts["after_unmute"]["said"], facts
+
+    def test_aclose_sends_session_close_and_gets_session_closed(self, run):
+        facts = run.step("close")
+        assert facts["reason"] == "close_requested"
+
+    def test_delegation_created_answered_with_append_commentary_is_what_the_model_says(self, delegating):
+        facts = delegating.step("delegation")
+        assert facts["framework_delegations"] == [facts["delegation"]["id"]]
+        answer = weather_sentence(weather_report("Paris"))
+        assert facts["sent"] == {"type": "session.commentary.append", "delegation_id": facts["delegation"]["id"],
+                                 "content": answer}
+        assert facts["said_after_answer"] == answer
+
+    def test_no_errors_and_the_server_survives(self, run, delegating):
+        assert run.errors == [] and delegating.errors == []
+        assert run.server_alive and delegating.server_alive

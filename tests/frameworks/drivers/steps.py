@@ -180,3 +180,14 @@ def reply_facts(done: dict[str, Any], audio_bytes: dict[str, int]) -> dict[str, 
     """`response_facts` and how many bytes of the reply's audio the framework handed on."""
     facts = response_facts(done)
     return {**facts, "audio_bytes": audio_bytes.get(facts["response_id"], 0)}
+
+
+# The Live drivers' delegation round trip. Their server's reply node delegates a turn that asks to
+# (tests/live/fakes.py): the embedded model answers every turn "Okay, sure!" and Live, unlike the
+# GA dialect, has no `tool_choice` that could force a call.
+DELEGATE_ASK = "The user wants the weather in Paris: delegate it."
+
+
+def weather_sentence(report: dict[str, Any]) -> str:
+    """How a Live driver's client answers a delegation with `weather_report`'s result."""
+    return f"It is {report['forecast']} in {report['city']}, {report['celsius']} degrees."
