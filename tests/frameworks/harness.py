@@ -76,8 +76,9 @@ def write_utterances(directory: Path) -> dict[str, str]:
     return paths
 
 
-def run_framework(name: str, tmp_path: Path, driver_name: str | None = None) -> FrameworkRun:
-    """`driver_name`: a driver other than `drive_<name>.py` in that venv (the Live API's)."""
+def run_framework(name: str, tmp_path: Path, driver_name: str | None = None, profile: Path = EMBEDDED) -> FrameworkRun:
+    """`driver_name`: a driver other than `drive_<name>.py` in that venv (the Live API's);
+    `profile`: the server's profile (a fake model where the tiny one cannot show a step)."""
     python = framework_python(name)
     port = free_port()
     config = {
@@ -96,7 +97,7 @@ def run_framework(name: str, tmp_path: Path, driver_name: str | None = None) -> 
     # No network in CI: the frameworks must not try to export traces to their vendors.
     env = {**os.environ, "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_API_KEY": "sk-test", "PYTHONUNBUFFERED": "1"}
     driver = DRIVERS / f"drive_{(driver_name or name).replace('-', '_')}.py"
-    with serve_process(EMBEDDED, port) as server:
+    with serve_process(profile, port) as server:
         finished = subprocess.run(
             [str(python), str(driver), str(config_path)], cwd=DRIVERS, env=env,
             capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, check=False,

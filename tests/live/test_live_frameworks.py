@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.frameworks import harness
 from tests.frameworks.drivers.steps import NEW_INSTRUCTIONS, weather_report, weather_sentence
 from tests.frameworks.harness import MODEL, FrameworkRun, run_framework
 from tests.live.fakes import live_profile
@@ -23,9 +22,7 @@ def run_delegating(name: str, tmp_path: Path, driver_name: str) -> FrameworkRun:
     """`run_framework` against `sgl-omni serve` on the delegating fake instead of the embedded model."""
     profile = tmp_path / "delegating.yaml"
     profile.write_text(json.dumps({**live_profile(), "compute": {"engines": 0}}))  # JSON is YAML
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(harness, "EMBEDDED", profile)  # the profile run_framework serves
-        return run_framework(name, tmp_path, driver_name=driver_name)
+    return run_framework(name, tmp_path, driver_name=driver_name, profile=profile)
 
 
 def whole_reply_bytes(run: FrameworkRun) -> int:
