@@ -76,9 +76,11 @@ def write_utterances(directory: Path) -> dict[str, str]:
     return paths
 
 
-def run_framework(name: str, tmp_path: Path, driver_name: str | None = None, profile: Path = EMBEDDED) -> FrameworkRun:
+def run_framework(name: str, tmp_path: Path, driver_name: str | None = None, profile: Path = EMBEDDED,
+                  options: dict[str, Any] | None = None) -> FrameworkRun:
     """`driver_name`: a driver other than `drive_<name>.py` in that venv (the Live API's);
-    `profile`: the server's profile (a fake model where the tiny one cannot show a step)."""
+    `profile`: the server's profile (a fake model where the tiny one cannot show a step);
+    `options`: more of the driver's config (`delegating`: the Live drivers walk that step alone)."""
     python = framework_python(name)
     port = free_port()
     config = {
@@ -91,6 +93,7 @@ def run_framework(name: str, tmp_path: Path, driver_name: str | None = None, pro
         "voice": VOICE,
         "transcription_model": TRANSCRIPTION_MODEL,
         "audio": write_utterances(tmp_path),
+        **(options or {}),
     }
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(config))

@@ -22,7 +22,7 @@ def run_delegating(name: str, tmp_path: Path, driver_name: str) -> FrameworkRun:
     """`run_framework` against `sgl-omni serve` on the delegating fake instead of the embedded model."""
     profile = tmp_path / "delegating.yaml"
     profile.write_text(json.dumps({**live_profile(), "compute": {"engines": 0}}))  # JSON is YAML
-    return run_framework(name, tmp_path, driver_name=driver_name, profile=profile)
+    return run_framework(name, tmp_path, driver_name=driver_name, profile=profile, options={"delegating": True})
 
 
 def whole_reply_bytes(run: FrameworkRun) -> int:
@@ -39,7 +39,7 @@ class TestPipecatLive:
     @pytest.fixture(scope="class")
     @classmethod
     def delegating(cls, tmp_path_factory) -> FrameworkRun:
-        return run_delegating("pipecat", tmp_path_factory.mktemp("pipecat-live-delegation"), "pipecat_delegation_live")
+        return run_delegating("pipecat", tmp_path_factory.mktemp("pipecat-live-delegation"), "pipecat_live")
 
     def test_the_session_starts_with_gpt_live_1_answered_by_the_served_model(self, run):
         facts = run.step("connect")
@@ -100,7 +100,7 @@ class TestLiveKitLive:
     @pytest.fixture(scope="class")
     @classmethod
     def delegating(cls, tmp_path_factory) -> FrameworkRun:
-        return run_delegating("livekit", tmp_path_factory.mktemp("livekit-live-delegation"), "livekit_delegation_live")
+        return run_delegating("livekit", tmp_path_factory.mktemp("livekit-live-delegation"), "livekit_live")
 
     def test_the_session_starts_with_client_delegation_and_gpt_live_1(self, run):
         facts = run.step("connect")

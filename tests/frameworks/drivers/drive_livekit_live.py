@@ -6,7 +6,7 @@ not run a Responses backend). The steps: `connect` (session.start -> session.sta
 `typed_turn` (commentary the model speaks), `spoken_turn`, `barge_in` (speech over a reply: a
 duplex model handles it itself, livekit has no interrupt for it), `instructions_append`
 (`append_instructions`), `mute` (`mute_input` / `unmute_input`), `close` (`aclose`: session.close,
-then session.closed). Run as drive_livekit_delegation_live.py, the one step
+then session.closed). With `"delegating": true` in its config, the one step
 `delegation`: livekit's `delegation_created` answered with `append_commentary(delegation_id=...)`,
 as livekit documents (a `function_tool` cannot answer a client delegation: `update_tools` refuses
 tools under it). Run by tests/live/test_live_frameworks.py with the livekit venv:
@@ -186,8 +186,9 @@ async def walk_delegation(session, observed: Observer, report: Report) -> None:
                     said_after_answer=said(log, mark, "session.output_transcript.delta"))
 
 
-async def main(delegating: bool = False) -> None:
+async def main() -> None:
     config = load_config()
+    delegating = config.get("delegating", False)
     report = Report()
     model = openai.realtime.GPTLiveModel(model="gpt-live-1", voice=config["voice"], delegation="client",
                                          api_key=config["api_key"], base_url=config["http_base_url"])

@@ -8,7 +8,7 @@ pipecat delivers as `session.commentary.append` once the session started), `spok
 `send_client_event`: the service forwards no context message mid-session), `mute` (pipecat's
 user mute strategies: the user aggregator drops the audio, so the service has no mute event to
 send), `close` (an `EndFrame`: the service sends `session.close` and waits for `session.closed`).
-Run as drive_pipecat_delegation_live.py, the one step `delegation`: a
+With `"delegating": true` in its config, the one step `delegation`: a
 `ClientDelegation` backend worker runs `get_weather` through pipecat's function calling.
 Run by tests/live/test_live_frameworks.py with the pipecat venv: `python drive_pipecat_live.py CONFIG.json`.
 """
@@ -252,8 +252,9 @@ async def walk_delegation(worker: PipelineWorker, observed: Observer, report: Re
                     said_after_answer=transcript(observed, after, "session.output_transcript.delta"))
 
 
-async def main(delegating: bool = False) -> None:
+async def main() -> None:
     config = load_config()
+    delegating = config.get("delegating", False)
     report = Report()
     observed = Observer(report)
     observed.tap_server_events()

@@ -182,9 +182,9 @@ def reply_facts(done: dict[str, Any], audio_bytes: dict[str, int]) -> dict[str, 
     return {**facts, "audio_bytes": audio_bytes.get(facts["response_id"], 0)}
 
 
-# The Live drivers' delegation round trip. Their server's reply node delegates a turn that asks to
-# (tests/live/fakes.py): the embedded model answers every turn "Okay, sure!" and Live, unlike the
-# GA dialect, has no `tool_choice` that could force a call.
+# The Live drivers' delegation round trip, against a server whose fake reply node delegates a turn
+# that asks for it (tests/live/fakes.py): the embedded model answers every turn "Okay, sure!" and
+# Live, unlike the GA dialect, has no `tool_choice` that could force a call.
 DELEGATE_ASK = "The user wants the weather in Paris: delegate it."
 
 
