@@ -249,6 +249,9 @@ class ThinkerNodeSession(NodeSession):
         self.speculation: _Speculation | None = None
         # The session's truncation mode: as it opened, then as its latest reply says.
         self.truncation = msgspec.convert(session.config.get("truncation") or {}, Truncation)
+        # The context length where what the next reply answers begins (after the last reply and
+        # the truncation that followed it): `_truncate_ahead` sizes the next turn from it.
+        self.turn_start: int | None = None
         self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
                                        int(node.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)))
 
@@ -506,7 +509,13 @@ class ThinkerNodeSession(NodeSession):
         """Right after a reply, in the user's pause: when a turn like this one's and its reply
         would not fit, the oldest items leave now (the KV rebuilt before the next turn comes,
         not on its way to first audio). The reply and the turn that asked for it stay."""
-        turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
+        # The turn is what the context gained since the last reply, not input less cached: after
+        # a rebuild `cached_tokens` honestly counts the kept items as new, and a turn that large
+        # would drop almost the whole conversation.
+        if self.turn_start is not None:
+            turn_tokens = max(0, usage.input_tokens - self.turn_start)
+        else:  # the session's first reply (or its first since a resume): this message's own
+            turn_tokens = len(message.tensors["input_ids"])
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
         count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         await self._truncate(message, count, emit)
@@ -514,9 +523,11 @@ class ThinkerNodeSession(NodeSession):
     async def _truncate(self, message: Embeddings, count: int, emit: Emit) -> None:
         if count <= 0:
             return
-        started = time.perf_counter()
+        started, before = time.perf_counter(), self.engine.context_length
         tokens = await self.node.executor.call(self.engine.drop_oldest_work(count))
         ended = time.perf_counter()
+        if self.turn_start is not None:  # what left was before the turn being made
+            self.turn_start = max(0, self.turn_start - (before - self.engine.context_length))
         counts = self.node.truncations
         counts["truncations"] += 1
         counts["truncated_items"] += count
@@ -622,6 +633,8 @@ class ThinkerNodeSession(NodeSession):
                 await self._truncate_ahead(message, usage, emit)
             except ThinkerError:
                 pass  # the next turn's own `_make_room` decides again
+        if not reply.out_of_band:
+            self.turn_start = self.engine.context_length
 
     async def _apply_truncate(self) -> None:
         heard, self.pending_truncate = self.pending_truncate, None
