@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--truncation", default="auto", help="soak: the sessions' session.truncation: auto | disabled | retention_ratio:R[:N] (default auto)")
     load.add_argument("--max-seq-len", type=int, help="the started server's thinker context (the model's max_seq_len and limits.max_seq_len), "
                       "e.g. 2048 so that soak sessions truncate within minutes")
+    load.add_argument("--kv-cache", choices=["auto", "preallocate", "grow"],
+                      help="the started server's KV caches (the model's kv_cache; default: the profile's). preallocate: a row per "
+                      "session of the longest context from the start, as on CUDA, so RSS shows what else grows")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--deadline", type=float, default=540.0, help="seconds after which remaining levels are skipped (default 540)")
     output = parser.add_argument_group("output")
@@ -246,7 +249,7 @@ def _run_against_server(args, doc, scenarios, sessions, spread_sessions, realtim
         if sip_target is not None:
             needed += list(_sip_counts(args))
         context = ManagedServer(args.config, max(needed), log_path, args.api_key, unit_trace=args.unit_trace, sched=args.server_sched,
-                                max_seq_len=args.max_seq_len, sip=sip_target[2] if sip_target else None)
+                                max_seq_len=args.max_seq_len, sip=sip_target[2] if sip_target else None, kv_cache=args.kv_cache)
     with context as server:
         doc["server"] = {"url": server.base_url, "model_id": server.model_id, "started_by_harness": server.started_by_harness, "startup_s": server.startup_s, "config": args.config or "embedded_cpu.yaml", "profile": server.profile_path, "log": server.log_path,
                          "sched": (args.server_sched or SERVER_DEFAULT) if server.started_by_harness else policy_of(server.pid)}
@@ -374,6 +377,7 @@ def _run_soak(server, args, sessions: int, utterances, settings) -> dict[str, An
         realtime=dataclasses.replace(settings, gap_s=3.0), sample_s=min(5.0, args.window_minutes * 60.0 / 4))
     result = soak.run(server, args.api_key, sessions, utterances, soak_settings, event_loop_factory())
     result["max_seq_len"] = args.max_seq_len
+    result["kv_cache"] = args.kv_cache
     print(soak.render(result), file=sys.stderr)
     return result
 

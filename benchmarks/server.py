@@ -33,9 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None = None) -> dict[str, Any]:
+def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None = None,
+                  kv_cache: str | None = None) -> dict[str, Any]:
     """The profile to serve: `config` (or the embedded default) with room for `max_sessions`;
-    `max_seq_len` lowers the thinker's context (every model resource's and `limits.max_seq_len`)."""
+    `max_seq_len` lowers the thinker's context (every model resource's and `limits.max_seq_len`);
+    `kv_cache` (auto | preallocate | grow) sets every model resource's, and `preallocate` sizes
+    the KV budget to `max_sessions` rows of the longest context, allocated at start as on CUDA."""
     from configs import load_profile
     from graph.limits import SessionLimits
 
@@ -58,6 +61,16 @@ def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None
             for resource in profile.get("resources", {}).values():
                 if isinstance(resource, dict) and resource.get("type") == "qwen3_omni.model":
                     resource.setdefault("params", {})["kv_cache"] = "grow"
+    if kv_cache is not None:
+        models = [r for r in profile.get("resources", {}).values() if isinstance(r, dict) and r.get("type") == "qwen3_omni.model"]
+        for resource in models:
+            resource.setdefault("params", {})["kv_cache"] = kv_cache
+        if kv_cache == "preallocate":
+            from nodes.qwen3_omni.model import ReplyBounds
+
+            longest = limits.get("max_seq_len") or max(
+                (int(r.get("params", {}).get("max_seq_len") or ReplyBounds.max_seq_len) for r in models), default=ReplyBounds.max_seq_len)
+            limits.update(max_seq_len=int(longest), kv_tokens=max_sessions * int(longest))
     # The server binds 127.0.0.1 and so does the harness's WebRTC client: media stays on loopback.
     webrtc = profile.get("webrtc")
     profile["webrtc"] = {**(webrtc if isinstance(webrtc, dict) else {}), "candidates": "loopback"}
@@ -87,8 +100,10 @@ class ManagedServer:
     """A server subprocess for the length of a `with` block."""
 
     def __init__(self, config: str | None, max_sessions: int, log_path: Path, api_key: str | None = None, startup_timeout_s: float = 300.0,
-                 unit_trace: str | None = None, sched: str | None = None, max_seq_len: int | None = None, sip: dict[str, Any] | None = None):
+                 unit_trace: str | None = None, sched: str | None = None, max_seq_len: int | None = None, sip: dict[str, Any] | None = None,
+                 kv_cache: str | None = None):
         self.config = config
+        self.kv_cache = kv_cache
         self.sip = sip  # the profile's `sip:` section, served with `--sip <its listen>`
         self.max_seq_len = max_seq_len
         self.sched = sched
@@ -103,7 +118,7 @@ class ManagedServer:
     def __enter__(self) -> ServerHandle:
         import yaml
 
-        profile = bench_profile(self.config, self.max_sessions, self.max_seq_len)
+        profile = bench_profile(self.config, self.max_sessions, self.max_seq_len, self.kv_cache)
         if self.unit_trace:
             profile.setdefault("compute", {})["unit_trace"] = str(Path(self.unit_trace).resolve())
         if self.sip:

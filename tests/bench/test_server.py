@@ -70,3 +70,12 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
         with ManagedServer(str(path), max_sessions=1, log_path=tmp_path / "server.log", startup_timeout_s=60):
             pass
     assert "no.such_node" in str(error.value)
+
+
+def test_a_preallocated_kv_cache_holds_a_row_of_the_longest_context_per_benched_session():
+    profile = bench_profile(None, max_sessions=2, max_seq_len=4096, kv_cache="preallocate")
+    assert profile["resources"]["omni"]["params"]["kv_cache"] == "preallocate"
+    assert profile["limits"]["kv_tokens"] == 2 * 4096 and profile["limits"]["max_seq_len"] == 4096
+    # Without a context given, the model's own (the tiny profile leaves it at the model's default).
+    assert bench_profile(None, max_sessions=2, kv_cache="preallocate")["limits"]["kv_tokens"] == 2 * 32768
+    assert bench_profile(None, max_sessions=2, kv_cache="grow")["resources"]["omni"]["params"]["kv_cache"] == "grow"
