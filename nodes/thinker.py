@@ -514,8 +514,8 @@ class ThinkerNodeSession(NodeSession):
         # would drop almost the whole conversation.
         if self.turn_start is not None:
             turn_tokens = max(0, usage.input_tokens - self.turn_start)
-        else:  # the session's first reply (or its first since a resume): this message's own
-            turn_tokens = len(message.tensors["input_ids"])
+        else:  # the session's first reply (or its first since a resume): no rebuild came before it
+            turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
         count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         await self._truncate(message, count, emit)
