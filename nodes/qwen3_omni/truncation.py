@@ -15,7 +15,12 @@ Rules, whatever the mode:
   turn then fails with `context_exhausted`, as under `disabled`).
 
 Modes (graph/messages.py `Truncation`, the GA `session.truncation`):
-- `auto`: drop the fewest oldest items such that the conversation + incoming fits the context;
+- `auto`: once the conversation + incoming would not fit the context, drop the oldest items until
+  it fits twice over (room for the incoming turn and as much again), or, where that cannot be
+  reached, until it fits once. A truncation re-prefills everything that stays, so dropping only
+  what this turn needs would rebuild the whole context at every turn of a full session; the
+  headroom of one more turn and its reply's reserve spaces truncations out (GA leaves how many
+  items `auto` drops to the server; `retention_ratio` sets the share explicitly);
 - `disabled`: drop nothing;
 - `retention_ratio` r with `post_instructions` n (None: the context less the instructions): once
   conversation + incoming passes n (or would not fit the context), drop oldest items until
@@ -53,13 +58,25 @@ def items_to_drop(items: Sequence[Item], mode: Truncation, *, instructions: int,
         limit = min(room, mode.post_instructions) if mode.post_instructions else room
         if conversation + incoming <= limit:
             return 0
-        target = int(mode.retention_ratio * limit)
+        targets = [int(mode.retention_ratio * limit)]
     else:
         if conversation + incoming <= room:
             return 0
-        target = room
+        targets = [room - incoming, room]  # twice over where it can be, else once
     droppable = max(0, len(items) - keep_last)
-    dropped, left = 0, conversation
+    for target in targets:
+        dropped, left = _drop_until(items, droppable, incoming, target)
+        if left + incoming <= target:
+            return dropped
+    if left + incoming > room:
+        return 0  # it cannot fit even so: nothing leaves, the turn fails as `disabled` would
+    return dropped
+
+
+def _drop_until(items: Sequence[Item], droppable: int, incoming: int, target: int) -> tuple[int, int]:
+    """The oldest items dropped until the rest + `incoming` <= `target` (or none droppable is
+    left), a call never without its output: (items dropped, tokens left)."""
+    dropped, left = 0, sum(item.tokens for item in items)
     while dropped < droppable and left + incoming > target:
         left -= items[dropped].tokens
         dropped += 1
@@ -69,6 +86,4 @@ def items_to_drop(items: Sequence[Item], mode: Truncation, *, instructions: int,
     while 0 < dropped < len(items) and items[dropped].pairs_with_previous:
         dropped -= 1  # `keep_last` keeps an output: its call stays with it
         left += items[dropped].tokens
-    if left + incoming > room:
-        return 0  # it cannot fit even so: nothing leaves, the turn fails as `disabled` would
-    return dropped
+    return dropped, left

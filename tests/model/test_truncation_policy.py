@@ -16,10 +16,18 @@ def test_auto_drops_nothing_while_the_turn_fits():
     assert items_to_drop(items(100, 100), AUTO, instructions=50, incoming=100, context=400) == 0
 
 
-def test_auto_drops_the_fewest_oldest_items_that_make_the_turn_fit():
-    # 50 + 300 + 100 = 450 > 400: dropping the first 100 is enough.
-    assert items_to_drop(items(100, 100, 100), AUTO, instructions=50, incoming=100, context=400) == 1
-    assert items_to_drop(items(100, 100, 100), AUTO, instructions=50, incoming=250, context=400) == 2  # 100 + 250 = 350
+def test_auto_drops_the_oldest_items_until_the_turn_fits_twice_over():
+    # room 350; 300 + 100 > 350. Fitting once needs one item dropped (200 + 100); twice over
+    # (rest + 2 x 100 <= 350) needs two, so the next turn like it appends to a kept prefix.
+    assert items_to_drop(items(100, 100, 100), AUTO, instructions=50, incoming=100, context=400) == 2
+    assert items_to_drop(items(50, 50, 50, 50, 50, 50), AUTO, instructions=50, incoming=100, context=400) == 3
+
+
+def test_auto_fits_the_turn_once_where_twice_over_cannot_be_reached():
+    # 250 twice over is 500 > 350: only once can it fit, with two of the three dropped.
+    assert items_to_drop(items(100, 100, 100), AUTO, instructions=50, incoming=250, context=400) == 2
+    # keep_last holds the newest item: twice over would need it gone, once needs one dropped.
+    assert items_to_drop(items(100, 100, 100), AUTO, instructions=50, incoming=100, context=400, keep_last=2) == 1
 
 
 def test_disabled_never_drops():
@@ -46,8 +54,9 @@ def test_retention_ratio_without_a_limit_uses_the_context():
 
 def test_a_function_output_leaves_with_its_call():
     calls = [Item(100), Item(20, pairs_with_previous=True), Item(100)]
-    # Dropping the call (100) would be enough, but its output goes with it.
-    assert items_to_drop(calls, AUTO, instructions=0, incoming=200, context=400) == 2
+    # 220 + 150 > 350; the last item stays. Dropping the call (100) alone would fit the turn once
+    # (120 + 150), but its output goes with it.
+    assert items_to_drop(calls, AUTO, instructions=0, incoming=150, context=350, keep_last=1) == 2
 
 
 def test_the_last_items_never_leave_and_an_output_they_keep_keeps_its_call():
