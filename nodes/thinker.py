@@ -103,6 +103,7 @@ import msgspec
 from graph.messages import (
     Control,
     Embeddings,
+    FinishReason,
     FunctionCall,
     HiddenChunk,
     TalkerPrompt,
@@ -111,6 +112,7 @@ from graph.messages import (
     NodeError,
     NodeEvent,
     ReplyParams,
+    ReplyStatus,
     TextDelta,
     Truncate,
     Truncation,
@@ -131,7 +133,9 @@ from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 # its transcript it goes on top of a full context, then is rolled back.
 TRANSCRIPT_PROMPT_RESERVE = 64
 
-_STATUS = {
+# How each way a reply ends is reported (`response.done` status and reason); an interrupted one
+# is `cancelled` (its own branch).
+_STATUS: dict[FinishReason, tuple[ReplyStatus, str | None]] = {
     "stop": ("completed", None),
     "length": ("incomplete", "max_output_tokens"),
     "max_output_tokens": ("incomplete", "max_output_tokens"),
