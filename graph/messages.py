@@ -243,6 +243,11 @@ class TalkerPrompt(Message, kw_only=True):
     reply_follows: bool = False  # a reply to this very prefill follows at once
 
 
+# Why the thinker's reply ended: EOS or a finished tool call (`stop`), the session's bound
+# (`length`), the reply's `max_output_tokens`, the context (`context_exhausted`), or an interrupt.
+FinishReason = Literal["stop", "length", "max_output_tokens", "context_exhausted", "interrupted"]
+
+
 class HiddenChunk(Message, kw_only=True):
     """One or more reply tokens of the thinker, for the talker."""
 
@@ -250,7 +255,7 @@ class HiddenChunk(Message, kw_only=True):
     token_ids: tuple[int, ...] = ()
     reply: ReplyParams | None = None  # on a reply's first chunk
     voice: str | None = None  # on a reply's first chunk: the voice asked for (else the session's)
-    finish_reason: str | None = None  # on the last chunk: the thinker's (`stop` = EOS, spoken whole)
+    finish_reason: FinishReason | None = None  # on the last chunk (`stop` = EOS, spoken whole)
     final: bool = False
 
 

@@ -9,8 +9,8 @@ into one line that names the profile key and, where the schema knows them, the a
     nodes.thinker.params.sampling.topk: unknown key (known: seed, temperature, top_k, top_p)
     resources.omni.params.device: 'gpu' is not allowed (allowed: cpu, cuda, ...)
 
-Fields a node reads with its own default are declared `T | UnsetType = UNSET`: the schema says
-what a key may hold, the node keeps the one place its default lives.
+The defaults live in the schema's fields: a node decodes its params into its struct and reads
+attributes (nodes/params.py `decode`), so a typo is an error, never a default silently used.
 """
 
 from __future__ import annotations

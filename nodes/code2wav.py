@@ -31,7 +31,7 @@ import torch
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import Code2WavParams
+from nodes.params import Code2WavParams, decode
 from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream, push_many
 
 
@@ -44,21 +44,22 @@ class Code2WavNode(Node):
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
         super().__init__(name, params, context)
-        self.first_chunk_frames = int(self.params.get("first_chunk_frames", 1))
-        self.chunk_frames = int(self.params.get("chunk_frames", 6))
+        self.settings = decode(self.params, Code2WavParams, f"nodes.{name}.params")
+        self.first_chunk_frames = self.settings.first_chunk_frames
+        self.chunk_frames = self.settings.chunk_frames
         if not (1 <= self.first_chunk_frames and 1 <= self.chunk_frames):
             raise ValueError("code2wav chunk sizes must be at least one frame")
         self.decoder: Code2WavDecoder | None = None
         self.pushes: Any = None
 
     async def start(self) -> None:
-        omni = self.context.resource(self.params.get("resource", "omni"))
+        omni = self.context.resource(self.settings.resource)
         if getattr(omni, "code2wav", None) is None:
             raise ValueError("the checkpoint has no code2wav (audio output disabled)")
         self.decoder = await self.context.compute.run(Code2WavDecoder, omni.code2wav)
         # One shared executor: chunks that sessions decode at the same time share one conv pass.
         self.pushes = self.context.compute.batcher(
-            "code2wav", lambda pushes: push_many(pushes), max_batch=int(self.params.get("max_batch", 16))
+            "code2wav", lambda pushes: push_many(pushes), max_batch=self.settings.max_batch
         )
 
     def open_session(self, session: SessionInfo) -> NodeSession:

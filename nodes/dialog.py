@@ -92,7 +92,7 @@ from graph.messages import (
 )
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import DialogParams
+from nodes.params import DialogParams, decode
 
 RATE = 16000
 MIN_COMMIT_MS = 100.0
@@ -115,9 +115,10 @@ class Dialog(Node):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.max_utterance_seconds = float(self.params.get("max_utterance_seconds", 60))
-        self.max_queued_turns = int(self.params.get("max_queued_turns", 8))
-        self.max_utterance_frames = int(self.params.get("max_utterance_frames", 4))
+        settings = decode(self.params, DialogParams, f"nodes.{self.name}.params")
+        self.max_utterance_seconds = settings.max_utterance_seconds
+        self.max_queued_turns = settings.max_queued_turns
+        self.max_utterance_frames = settings.max_utterance_frames
         self.open_sessions = 0
 
     def open_session(self, session: SessionInfo) -> NodeSession:

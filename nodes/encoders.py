@@ -16,7 +16,7 @@ from typing import Any
 from graph.messages import Embeddings, Features, Message
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import EncodersParams
+from nodes.params import EncodersParams, decode
 from nodes.qwen3_omni.media_encoders import encode_turns
 
 
@@ -28,13 +28,14 @@ class Encoders(Node):
     outputs = {"embeddings": (Embeddings,)}
 
     async def start(self) -> None:
-        self.omni = omni = self.context.resource(self.params.get("resource", "omni"))
+        settings = decode(self.params, EncodersParams, f"nodes.{self.name}.params")
+        self.omni = omni = self.context.resource(settings.resource)
         self.batcher = self.context.compute.batcher(
             f"{self.name}.encoders",
             lambda turns: encode_turns(omni, turns),
-            max_batch=int(self.params.get("max_batch", 16)),
+            max_batch=settings.max_batch,
         )
-        if self.params.get("warmup", True):
+        if settings.warmup:
             await self.context.compute.run(self._warm_up, omni)
 
     @staticmethod

@@ -37,7 +37,7 @@ import torch
 from graph.messages import Features, Message, Turn, TurnMeta
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import PreprocessingParams
+from nodes.params import PreprocessingParams, decode
 from nodes.qwen3_omni.inputs import build_turn_inputs, system_with_tools, tool_call_text, tool_response_text
 
 
@@ -49,13 +49,13 @@ class Preprocessing(Node):
     follows_playback = True  # on a new turn's first-audio path: due when its listener waits
 
     async def start(self) -> None:
-        self.omni = self.context.resource(self.params.get("resource", "omni"))
+        settings = decode(self.params, PreprocessingParams, f"nodes.{self.name}.params")
+        self.omni = self.context.resource(settings.resource)
         # Images per turn: the newest ones win (dialog already picks the frames of the utterance).
-        self.max_utterance_frames = int(self.params.get("max_utterance_frames", 4))
+        self.max_utterance_frames = settings.max_utterance_frames
         # Resize bound per image (None: the checkpoint's). A 1080p frame at Qwen3-Omni's own bound
         # costs ~2,000 thinker tokens for the rest of the session; 448x448 costs ~200.
-        max_pixels = self.params.get("max_image_pixels")
-        self.max_image_pixels = int(max_pixels) if max_pixels else None
+        self.max_image_pixels = settings.max_image_pixels
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return PreprocessingSession(self, session)

@@ -64,7 +64,7 @@ from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import TalkerParams
+from nodes.params import TalkerParams, as_dict, decode, given
 from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.talker_slots import TalkerSlots
 from nodes.qwen3_omni.talker_engine import (
@@ -97,11 +97,10 @@ class TalkerNode(Node):
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
         super().__init__(name, params, context)
-        self.sampling = TalkerSampling.from_params(self.params.get("sampling"))
-        self.voices = {str(k).lower(): str(v).lower() for k, v in (self.params.get("voices") or {}).items()}
-        # Keep each session's talker KV of its user turns between replies (a reply then prefills only
-        # the user turns new since the last one); costs that KV per session while it is idle.
-        self.keep_user_kv = bool(self.params.get("keep_user_kv", True))
+        self.settings = settings = decode(self.params, TalkerParams, f"nodes.{name}.params")
+        self.sampling = TalkerSampling.from_params(as_dict(settings.sampling))
+        self.voices = {str(k).lower(): str(v).lower() for k, v in (settings.voices or {}).items()}
+        self.keep_user_kv = settings.keep_user_kv  # nodes/params.py says what it costs
         self.model: TalkerModel | None = None
         self.steps: Any = None
         self.omni: Any = None
@@ -110,23 +109,23 @@ class TalkerNode(Node):
         self._kv_rows: int | None = None  # rows of the slot cache when it was allocated at start
 
     async def start(self) -> None:
-        self.omni = self.context.resource(self.params.get("resource", "omni"))
+        settings = self.settings
+        self.omni = self.context.resource(settings.resource)
         if getattr(self.omni, "talker", None) is None:
             raise ValueError("the checkpoint has no talker (audio output disabled)")
         # `compute: {graphs}`: decode frames as one captured unit (auto) or eager (off).
         graphs = getattr(self.context, "graphs", "auto")
         self.model = await self.context.compute.run(TalkerModel, self.omni.model, graphs)
         # One shared executor: the frames that sessions want at the same time run as one batch.
-        max_batch = int(self.params.get("max_batch", 16))
         # batch_linger_ms: with fewer replies queued than its last batch, the batch waits this long for the
         # rest (the compute worker runs other work meanwhile).
-        linger_s = float(self.params.get("batch_linger_ms", 2.0)) / 1000.0
-        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=max_batch, linger_s=linger_s)
+        self.steps = self.context.compute.batcher("talker", step_replies, max_batch=settings.max_batch,
+                                                  linger_s=settings.batch_linger_ms / 1000.0)
         bounds = getattr(self.omni, "bounds", None)
         self.limits = TalkerLimits(
-            max_frames=_optional_int(self.params.get("max_reply_frames", getattr(bounds, "max_reply_frames", 4095))),
+            max_frames=_optional_int(given(settings.max_reply_frames, getattr(bounds, "max_reply_frames", 4095))),
             max_frames_per_token=_optional_float(
-                self.params.get("max_frames_per_token", getattr(bounds, "max_frames_per_token", None))
+                given(settings.max_frames_per_token, getattr(bounds, "max_frames_per_token", None))
             ),
         )
         if getattr(self.omni, "kv_at_start", False):

@@ -103,6 +103,7 @@ import msgspec
 from graph.messages import (
     Control,
     Embeddings,
+    FinishReason,
     FunctionCall,
     HiddenChunk,
     TalkerPrompt,
@@ -111,6 +112,7 @@ from graph.messages import (
     NodeError,
     NodeEvent,
     ReplyParams,
+    ReplyStatus,
     TextDelta,
     Truncate,
     Truncation,
@@ -120,7 +122,7 @@ from graph.messages import (
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
-from nodes.params import ThinkerParams
+from nodes.params import ThinkerParams, as_dict, decode, given
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
 from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
@@ -131,7 +133,9 @@ from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 # its transcript it goes on top of a full context, then is rolled back.
 TRANSCRIPT_PROMPT_RESERVE = 64
 
-_STATUS = {
+# How each way a reply ends is reported (`response.done` status and reason); an interrupted one
+# is `cancelled` (its own branch).
+_STATUS: dict[FinishReason, tuple[ReplyStatus, str | None]] = {
     "stop": ("completed", None),
     "length": ("incomplete", "max_output_tokens"),
     "max_output_tokens": ("incomplete", "max_output_tokens"),
@@ -148,6 +152,8 @@ class Thinker(Node):
 
     def __init__(self, name: str, params: dict[str, Any], context: Any):
         super().__init__(name, params, context)
+        self.settings = decode(self.params, ThinkerParams, f"nodes.{name}.params")
+        self.max_transcript_tokens = int(given(self.settings.max_transcript_tokens, MAX_TRANSCRIPT_TOKENS))
         # Early prefills by outcome since start: `early_prefill` (speculative utterances),
         # `early_prefill_confirmed`, `early_prefill_dropped` (retracted: the speaker went on).
         self.early_prefills: collections.Counter[str] = collections.Counter()
@@ -158,20 +164,21 @@ class Thinker(Node):
         self._kv_rows: int | None = None  # rows of the slot cache when it was allocated at start
 
     async def start(self) -> None:
-        self.omni = self.context.resource(self.params.get("resource", "omni"))
+        settings = self.settings
+        self.omni = self.context.resource(settings.resource)
         bounds = self.omni.bounds
-        self.max_seq_len = int(self.params.get("max_seq_len") or bounds.max_seq_len)
-        self.max_reply_tokens = int(self.params.get("max_reply_tokens") or bounds.max_reply_tokens)
-        self.sampling = Sampling.from_dict(self.params.get("sampling"))
+        self.max_seq_len = int(settings.max_seq_len or bounds.max_seq_len)
+        self.max_reply_tokens = int(settings.max_reply_tokens or bounds.max_reply_tokens)
+        self.sampling = Sampling.from_dict(as_dict(settings.sampling))
         code2wav = self.omni.config.code2wav_config
         upsample = math.prod(list(code2wav.upsample_rates) + list(code2wav.upsampling_ratios))
         self.frame_ms = 1000.0 * upsample / 24000.0
         self.executor = ThinkerExecutor(
-            self.context.compute, self.omni, max_batch=int(self.params.get("max_batch", 64)),
-            linger_s=float(self.params.get("batch_linger_ms", 2.0)) / 1000.0, **self._kv_sizes(),
+            self.context.compute, self.omni, max_batch=settings.max_batch,
+            linger_s=settings.batch_linger_ms / 1000.0, **self._kv_sizes(),
         )
         self._kv_rows = None if self.executor.runner.cache.grow else self.executor.runner.cache.slots
-        if self.params.get("warmup", True):
+        if settings.warmup:
             await self.context.compute.run(self._warm_up)
 
     def _kv_sizes(self) -> dict[str, Any]:
@@ -183,10 +190,10 @@ class Thinker(Node):
         at_start = bool(getattr(self.omni, "kv_at_start", False))
         if at_start:
             slots = sessions_at_start(getattr(self.context, "limits", None) or SessionLimits())
-            capacity = self.max_seq_len + int(self.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)) + TRANSCRIPT_PROMPT_RESERVE
+            capacity = self.max_seq_len + self.max_transcript_tokens + TRANSCRIPT_PROMPT_RESERVE
         else:
             slots, capacity = 4, 256
-        return {"slots": int(self.params.get("kv_slots", slots)), "capacity": int(self.params.get("kv_capacity", capacity)),
+        return {"slots": given(self.settings.kv_slots, slots), "capacity": given(self.settings.kv_capacity, capacity),
                 "grow": not at_start}
 
     def kv_rows(self) -> int | None:
@@ -253,7 +260,7 @@ class ThinkerNodeSession(NodeSession):
         # the truncation that followed it): `_truncate_ahead` sizes the next turn from it.
         self.turn_start: int | None = None
         self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
-                                       int(node.params.get("max_transcript_tokens", MAX_TRANSCRIPT_TOKENS)))
+                                       node.max_transcript_tokens)
 
     # ------------------------------------------------------------------ controls
 

@@ -72,7 +72,7 @@ from graph.messages import (
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes import smart_turn
-from nodes.params import SileroVadParams
+from nodes.params import SileroVadParams, decode
 
 RATE = 16000
 WINDOW = 512  # samples at 16 kHz: 32 ms, the window the model is trained on
@@ -138,16 +138,17 @@ class SileroVad(Node):
     outputs = {"events": (AudioChunk, ImageFrame, Command, SpeechStarted, SpeechDismissed, SpeechPaused, SpeechStopped)}
 
     async def start(self) -> None:
-        self.prefill_early_ms = float(self.params.get("prefill_early_ms", 300) or 0)
-        self.model = await self.context.compute.run(SileroModel, self.params.get("model_path"))
-        self.batcher = self.context.compute.batcher("silero_vad", self.model.run_batch, int(self.params.get("max_batch", 64)))
+        settings = decode(self.params, SileroVadParams, f"nodes.{self.name}.params")
+        self.prefill_early_ms = float(settings.prefill_early_ms or 0)
+        self.model = await self.context.compute.run(SileroModel, settings.model_path)
+        self.batcher = self.context.compute.batcher("silero_vad", self.model.run_batch, settings.max_batch)
         self.open_sessions = 0
         # Warm-up: the first onnxruntime call allocates its arenas.
         await self.batcher.submit((np.zeros(CONTEXT + WINDOW, np.float32), np.zeros(STATE_SHAPE, np.float32)))
         self.end_of_turn: Any = None  # the Smart Turn batcher, where the `smart-turn` extra is installed
-        if self.params.get("smart_turn", True) and smart_turn.available():
+        if settings.smart_turn and smart_turn.available():
             model = await self.context.compute.run(smart_turn.SmartTurnModel)
-            self.end_of_turn = self.context.compute.batcher("smart_turn", model.run_batch, int(self.params.get("max_batch", 64)))
+            self.end_of_turn = self.context.compute.batcher("smart_turn", model.run_batch, settings.max_batch)
             await self.end_of_turn.submit(np.zeros(WINDOW, np.float32))
 
     def open_session(self, session: SessionInfo) -> NodeSession:

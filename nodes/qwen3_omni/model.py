@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from graph.registry import register_resource
-from nodes.params import OmniModelParams
+from nodes.params import OmniModelParams, decode
 from nodes.qwen3_omni.slot_cache import allocated_at_start
 
 log = logging.getLogger(__name__)
@@ -354,28 +354,21 @@ def load_omni_model(params: dict[str, Any]) -> OmniModel:
     path) with random_shrink, and kv_cache (auto | preallocate | grow: the thinker's and
     talker's slot caches allocated at start from the profile's limits, or growing on demand;
     auto: at start on CUDA; nodes/qwen3_omni/slot_cache.py)."""
-    bound_fields = set(ReplyBounds.__dataclass_fields__)
-    known = {"path", "device", "dtype", "system_prompt", "random_weights", "random_shrink", "kv_cache"} | bound_fields
-    unknown = set(params) - known
-    if unknown:
-        raise ModelLoadError(f"unknown qwen3_omni.model params: {', '.join(sorted(unknown))}")
-    bounds = ReplyBounds(
-        **{
-            k: (float(v) if k == "max_frames_per_token" else int(v))
-            for k, v in params.items()
-            if k in bound_fields and v is not None
-        }
-    )
-    kv_cache = str(params.get("kv_cache") or "auto")
-    allocated_at_start(kv_cache, "cpu")  # a bad value fails before the checkpoint loads
+    try:
+        settings = decode(params, OmniModelParams, "qwen3_omni.model params")
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from None
+    given_bounds = {name: getattr(settings, name) for name in ReplyBounds.__dataclass_fields__}
+    bounds = ReplyBounds(**{name: value for name, value in given_bounds.items() if value is not None})
+    kv_cache = settings.kv_cache or "auto"
     omni = OmniModel.load(
-        params.get("path"),
-        device=str(params.get("device") or "cpu"),
-        dtype=str(params.get("dtype") or "float32"),
+        settings.path,
+        device=settings.device or "cpu",
+        dtype=settings.dtype or "float32",
         bounds=bounds,
-        system_prompt=params.get("system_prompt"),
-        random_weights=params.get("random_weights"),
-        random_shrink=int(params.get("random_shrink") or 1),
+        system_prompt=settings.system_prompt,
+        random_weights=settings.random_weights,
+        random_shrink=settings.random_shrink or 1,
     )
     omni.kv_at_start = allocated_at_start(kv_cache, omni.device)
     return omni

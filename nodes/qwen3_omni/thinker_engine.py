@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import torch
 
-from graph.messages import Usage
+from graph.messages import FinishReason, Usage
 from nodes.qwen3_omni.batched_thinker import ThinkerRunner
 from nodes.qwen3_omni.thinker_requests import Choice, Choose, Chunk, Feed, ThinkerError, Work
 from nodes.qwen3_omni.thinker_sampling import Sampling, device_longs
@@ -116,7 +116,7 @@ class Step:
     token_id: int | None
     text: str
     index: int
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     call: bool = False  # the token belongs to a function call (tool_calls.py): not spoken
 
 
@@ -130,9 +130,9 @@ class _Reply:
     # `prefix` (a few tokens back) keeps the tokenizer's spacing context.
     prefix: int = 0
     read: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     limit: int = 0
-    limit_reason: str = "length"
+    limit_reason: FinishReason = "length"
     usage: Usage = field(default_factory=Usage)  # the input side; reply_usage() adds the output
     # Out-of-band replies roll the session back to this snapshot when they finish.
     rollback: tuple[int, list[int], int, int, int] | None = None
@@ -620,11 +620,11 @@ class ThinkerSession:
 
     # ------------------------------------------------------------------ internals
 
-    def _finish_step(self, reply: _Reply, reason: str, index: int) -> Work:
+    def _finish_step(self, reply: _Reply, reason: FinishReason, index: int) -> Work:
         yield from self._finish_work(reply, reason)
         return Step(None, self._flush_text(reply), index, reason)
 
-    def _finish_work(self, reply: _Reply, reason: str) -> Work:
+    def _finish_work(self, reply: _Reply, reason: FinishReason) -> Work:
         reply.finish_reason = reason
         self._interrupt.clear()
         if reply.rollback is not None:

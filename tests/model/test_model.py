@@ -41,7 +41,7 @@ def test_resource_params_set_dtype_bounds_and_reject_unknown_keys(tiny_checkpoin
     assert omni.bounds.max_reply_tokens == 5 and omni.bounds.max_seq_len == 512
     assert omni.speakers == ("chelsie", "ethan", "aiden") and omni.default_speaker == "ethan"
     assert omni.output_sample_rate == 24000 and omni.sample_rate_in == 16000
-    with pytest.raises(ModelLoadError, match="unknown qwen3_omni.model params: colour"):
+    with pytest.raises(ModelLoadError, match="qwen3_omni.model params.colour: unknown key"):
         factory({"path": str(tiny_checkpoint), "colour": "red"})
 
     # A bfloat16 model runs a spoken turn end to end (encoders + thinker).
