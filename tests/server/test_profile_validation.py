@@ -102,3 +102,12 @@ def test_serve_prints_one_line_per_problem_and_exits_2_without_a_traceback(tmp_p
     assert "webrtc.candidates: 'lan' is not allowed (allowed: host, loopback, host+loopback)" in problems[1]
     assert "Traceback" not in result.stderr
     assert "validated" not in result.stderr
+
+
+def test_a_node_reads_its_params_from_its_struct_defaults_filled_and_a_typo_refused():
+    from nodes.code2wav import Code2WavNode as Code2Wav
+
+    node = Code2Wav("code2wav", {"chunk_frames": 3}, context=None)
+    assert (node.first_chunk_frames, node.chunk_frames, node.settings.max_batch, node.settings.resource) == (1, 3, 16, "omni")
+    with pytest.raises(ValueError, match=r"nodes.code2wav.params.chunk_frame: unknown key"):
+        Code2Wav("code2wav", {"chunk_frame": 3}, context=None)
