@@ -65,7 +65,7 @@ def items_to_drop(items: Sequence[Item], mode: Truncation, *, instructions: int,
         targets = [room - incoming, room]  # twice over where it can be, else once
     droppable = max(0, len(items) - keep_last)
     for target in targets:
-        dropped, left = _drop_until(items, droppable, incoming, target)
+        dropped, left = _drop_until(items, conversation, droppable, incoming, target)
         if left + incoming <= target:
             return dropped
     if left + incoming > room:
@@ -73,10 +73,10 @@ def items_to_drop(items: Sequence[Item], mode: Truncation, *, instructions: int,
     return dropped
 
 
-def _drop_until(items: Sequence[Item], droppable: int, incoming: int, target: int) -> tuple[int, int]:
+def _drop_until(items: Sequence[Item], conversation: int, droppable: int, incoming: int, target: int) -> tuple[int, int]:
     """The oldest items dropped until the rest + `incoming` <= `target` (or none droppable is
-    left), a call never without its output: (items dropped, tokens left)."""
-    dropped, left = 0, sum(item.tokens for item in items)
+    left), a call never without its output: (items dropped, tokens left of `conversation`)."""
+    dropped, left = 0, conversation
     while dropped < droppable and left + incoming > target:
         left -= items[dropped].tokens
         dropped += 1
