@@ -1,12 +1,14 @@
 """A SIP call's media: RTP both ways on aiortp, as the `PhoneWire` of its `PhoneCall`.
 
-    caller RTP --(only from the offer's address)--> aiortp jitter buffer --> G.711 decode
+    caller RTP --(only from the offer's address)--> in sequence order --> G.711 decode
         --> PhoneCall.receive_audio (8 kHz) ;  RFC 4733 events --> PhoneCall.dtmf
     PhoneCall's 20 ms clock --> send_audio / send_silence --> G.711 encode --> one RTP packet
 
-- Inbound: aiortp's jitter buffer reorders (capacity 16 packets, 4 held before the first
-  goes out), conceals lost packets, and hands decoded 16-bit PCM on; RFC 4733 telephone-events
-  share its sequence space and come out once per key, at the event's first end packet.
+- Inbound: packets are put back in sequence order and each goes out as soon as every one
+  before it is in (rtp_order.py: no depth held on a steady stream, only a gap waits, for a few
+  packets); aiortp conceals lost packets and hands decoded 16-bit PCM on; RFC 4733
+  telephone-events share the sequence space and come out once per key, at the event's first
+  end packet.
   A packet from any address but the one the SDP offer named is dropped (and the first such
   drop logged), so nobody who guesses the port can speak into a call. With `sip.rtp_latching`
   and an offer naming an address that is not public (a phone behind NAT writes its LAN
@@ -31,6 +33,7 @@ from aiortp import RTPSession
 
 from session_server.telephony.phone_audio import FRAME_SAMPLES, PHONE_RATE, g711
 from session_server.telephony.phone_call import DTMF_KEYS
+from session_server.telephony.rtp_order import InboundOrder
 
 log = logging.getLogger("session_server.telephony")
 
@@ -43,6 +46,10 @@ class PeerRtpSession(RTPSession):
     latch = False  # the next packet's source becomes the peer (once)
     call_id = "?"
     dropped = 0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._jitter_buffer = InboundOrder(self._deliver_audio_frame)  # type: ignore[assignment]  # aiortp's interface
 
     def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.latch and self.peer is not None:

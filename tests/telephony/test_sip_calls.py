@@ -285,6 +285,19 @@ async def test_rtp_from_another_address_is_dropped_and_the_callers_own_is_heard(
                 await until_true(lambda: any(e["type"] == "input_audio_buffer.speech_started" for e in events))
 
 
+async def test_each_rtp_packet_reaches_the_session_on_its_own_arrival_with_none_held_behind_it():
+    async with running_server(sip_profile(), api_key=API_KEY) as server:
+        async with SipPhone.open(sip_address(server)) as phone:
+            call = await answered_call(server, phone)
+            heard: list[int] = []
+            receive = call.receive_audio
+            call.receive_audio = lambda samples, rate: (heard.append(samples.size), receive(samples, rate))
+            for n in range(1, 4):
+                phone.rtp.send_audio_auto(b"\xff" * 160)  # 20 ms of mu-law silence
+                await until_true(lambda: len(heard) == n, timeout=2)  # heard before the next packet is sent
+            assert heard == [160, 160, 160]
+
+
 async def test_a_call_whose_rtp_stops_ends_with_bye_after_the_media_timeout():
     async with running_server(sip_profile(media_timeout_s=0.5), api_key=API_KEY) as server:
         async with SipPhone.open(sip_address(server)) as phone:
