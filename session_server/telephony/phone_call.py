@@ -7,8 +7,8 @@
 A wire (the carrier media stream of twilio.py, RTP of a SIP call in sip_media.py) moves bytes and says what its
 caller did; every protocol rule stays in `session_server/realtime/protocol.py`. The core is
 built with `audio_deltas=False`, as for WebRTC: reply audio comes out as `SendAudio`, is
-resampled to 8 kHz and leaves one 20 ms frame per tick of a monotonic clock. What a phone call
-adds to the core:
+resampled to 8 kHz and leaves one 20 ms frame per tick of the loop's frame clock (one 20 ms
+monotonic clock for every call: frame_clock.py). What a phone call adds to the core:
 
 - barge-in: the core's Interrupt (speech during a reply, `response.cancel`) clears the outbound
   queue, so the next tick sends nothing of the reply, and the wire tells the far end to drop
@@ -52,6 +52,7 @@ from session_server.realtime.protocol import (
     SendToGraph,
 )
 from session_server.realtime.voice_lookups import look_up_voices
+from session_server.telephony.frame_clock import FrameClock
 from session_server.telephony.phone_audio import FRAME_MS, PhoneOutput
 
 log = logging.getLogger("session_server.telephony")
@@ -60,8 +61,6 @@ log = logging.getLogger("session_server.telephony")
 MAX_PENDING_INPUTS = 1024
 # Sideband client events waiting for their turn (each may wait for a voice lookup).
 MAX_PENDING_CLIENT_EVENTS = 256
-# Past this much lag (a stalled event loop), the 20 ms clock restarts rather than bursting.
-MAX_LAG_S = 0.1
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 
 
@@ -111,15 +110,18 @@ class PhoneCall:
         self._last_media = time.monotonic()
         self._turn_ended_at: float | None = None
         self._awaiting_audio: dict[str, float] = {}
+        self._clock: FrameClock | None = None
 
     # ------------------------------------------------------------------ what the wire reports
 
     def start(self, graph: Any) -> None:
         self.graph = graph
         self.apply(self.protocol.open())
-        for coroutine, name in ((self._feeder(), "feeder"), (self._output_pump(), "pump"), (self._pacer(), "pacer"),
+        for coroutine, name in ((self._feeder(), "feeder"), (self._output_pump(), "pump"),
                                 (self._media_watch(), "media-watch"), (self._client_event_pump(), "client-events")):
             self._spawn(coroutine, name)
+        self._clock = FrameClock.of(asyncio.get_running_loop())
+        self._clock.join(self)  # reply audio or silence, one frame per 20 ms tick (frame_clock.py)
 
     def receive_audio(self, samples: np.ndarray, sample_rate: int) -> None:
         self._last_media = time.monotonic()
@@ -173,8 +175,15 @@ class PhoneCall:
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and not self._closing:
-            log.error("call %s: %s failed", self.id, task.get_name(), exc_info=task.exception())
+        if not task.cancelled() and task.exception() is not None:
+            self._failed(task.get_name(), task.exception())
+
+    def tick_failed(self, error: BaseException) -> None:
+        self._failed(f"{self.id}:tick", error)
+
+    def _failed(self, what: str, error: BaseException | None) -> None:
+        if not self._closing:
+            log.error("call %s: %s failed", self.id, what, exc_info=error)
             self.apply(self.protocol.close("internal_error"))
 
     async def _feeder(self) -> None:
@@ -193,22 +202,8 @@ class PhoneCall:
             self.apply(self.protocol.graph_output(message))
         self.apply(self.protocol.session_ended(self.graph.end_reason or "closed", self.graph.error))
 
-    async def _pacer(self) -> None:
-        """One frame per 20 ms of the monotonic clock (ticks scheduled from the start, so sleep
-        overshoot does not accumulate)."""
-        loop = asyncio.get_running_loop()
-        start, ticks = loop.time(), 0
-        while True:
-            ticks += 1
-            due = start + ticks * FRAME_MS / 1000
-            now = loop.time()
-            if now - due > MAX_LAG_S:
-                start, ticks = now, 0
-            elif due > now:
-                await asyncio.sleep(due - now)
-            self._tick()
-
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """The frame clock's tick: the reply's next 20 ms frame, or silence."""
         frame = self.output.next_frame()
         if frame is None:
             self.wire.send_silence()
@@ -351,6 +346,8 @@ class PhoneCall:
             if isinstance(action, SendEvent):
                 self._send(action.event)
         self._closing = True
+        if self._clock is not None:
+            self._clock.leave(self)
         self.close_reason = self.protocol.close_reason or reason
         for sideband in list(self.sidebands):
             sideband.call_ended(self.close_reason)
