@@ -4,8 +4,10 @@ Model: the ONNX export that ships inside the `silero-vad` PyPI package
 (`silero_vad/data/silero_vad.onnx`), run with onnxruntime. No torch hub, no download.
 
 Per session the node keeps the model's recurrent state (2 x 128 floats), the last 64 samples of
-context the model expects in front of each window, a soxr stream resampler (24 kHz and 8 kHz
-input become 16 kHz; no decimation), and the speech/silence hysteresis. Every 512-sample window
+context the model expects in front of each window, a stream resampler to 16 kHz (8 kHz phone
+audio through graph/fir_resampling.py's `Upsample2`, 2 ms of lookahead: soxr's held back
+20-100 ms of it in 20 ms chunks, so VAD heard a caller stop that much later; other rates, 24 kHz
+among them, through soxr's), and the speech/silence hysteresis. Every 512-sample window
 (32 ms) of every session goes through ONE shared batcher: windows that are ready at the same
 moment from many sessions are stacked into a single onnxruntime call with their states batched
 along the model's batch axis. A window is due (graph/executor.py) when its audio reached the
@@ -56,6 +58,7 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
+from graph.fir_resampling import Upsample2
 from graph.messages import (
     AudioChunk,
     Command,
@@ -168,7 +171,7 @@ class VadSession(NodeSession):
         self.pending_received_at: float | None = None  # when the newest of them reached the server
         self.samples = 0  # 16 kHz samples forwarded so far: the node's clock
         self.origin_ms: float | None = None  # media time of the first input sample
-        self.resampler: soxr.ResampleStream | None = None
+        self.resampler: Upsample2 | soxr.ResampleStream | None = None
         self.resampler_rate = RATE
         self.speaking = False
         self.silence_since: int | None = None  # sample index where the current silence began
@@ -205,7 +208,8 @@ class VadSession(NodeSession):
         samples = np.asarray(chunk.samples, dtype=np.float32).reshape(-1)
         if chunk.sample_rate != RATE:
             if self.resampler is None or self.resampler_rate != chunk.sample_rate:
-                self.resampler = soxr.ResampleStream(chunk.sample_rate, RATE, 1, dtype="float32", quality="HQ")
+                self.resampler = (Upsample2() if chunk.sample_rate * 2 == RATE
+                                  else soxr.ResampleStream(chunk.sample_rate, RATE, 1, dtype="float32", quality="HQ"))
                 self.resampler_rate = chunk.sample_rate
             samples = self.resampler.resample_chunk(samples)
         self.pending = np.concatenate([self.pending, samples]) if len(self.pending) else samples

@@ -3,12 +3,10 @@
 `PhoneOutput` is the outbound queue of one call. The transport pushes a response's reply audio
 (`push`), says when it is complete (`finish`), and takes one 20 ms frame per tick of its
 20 ms clock (`next_frame`); the resampler is a streaming one per response, so chunk seams are
-inaudible (as on the other transports): for the model's 24 kHz, `Downsample3`, a linear-phase
-FIR that looks 1.9 ms ahead, so a reply's first chunk (57 ms) is whole frames at once; soxr's
-(HQ) for any other rate. soxr's HQ filter held back 19-28 ms of a reply and let it out in
-blocks, so the first chunk often made no whole frame and the reply's first packet waited for
-its second chunk. `clear()` drops everything queued, so barge-in
-stops the caller's audio at the next tick; `played_ms` says how much of a response has left
+inaudible (as on the other transports): for the model's 24 kHz, graph/fir_resampling.py's
+`Downsample3`, which looks 1.9 ms ahead, so a reply's first chunk (57 ms) is whole frames at
+once (soxr's gave it none); soxr's (HQ) for any other rate. `clear()` drops everything queued,
+so barge-in stops the caller's audio at the next tick; `played_ms` says how much of a response has left
 (what the caller can have heard), which is what its item is truncated to. `hold(True)` pauses
 the reply without dropping it (a sound that may be a barge-in), `hold(False)` plays on.
 
@@ -24,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
+from graph.fir_resampling import Downsample3
 from session_server.realtime.audio_formats import ALAW_ENCODE, OUTPUT_RATE, PCMU, ULAW_ENCODE, to_int16
 
 PHONE_RATE = 8000
@@ -35,47 +34,6 @@ def g711(samples: np.ndarray, kind: str = PCMU) -> bytes:
     """float32 mono in [-1, 1] -> G.711 bytes (mu-law for `audio/pcmu`, A-law for `audio/pcma`)."""
     table = ULAW_ENCODE if kind == PCMU else ALAW_ENCODE
     return table[to_int16(samples).astype(np.int32) + 32768].tobytes()
-
-
-def _lowpass(cutoff: float, half: int, attenuation_db: float) -> np.ndarray:
-    """A linear-phase low-pass FIR of 2 * half + 1 taps (cutoff in cycles per sample), unit gain at DC."""
-    n = np.arange(-half, half + 1)
-    taps = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(n.size, 0.1102 * (attenuation_db - 8.7))
-    return (taps / taps.sum()).astype(np.float32)
-
-
-class Downsample3:
-    """24 kHz -> 8 kHz, streaming: a 91-tap Kaiser-windowed sinc (cutoff 3.9 kHz: flat to
-    3.3 kHz, -74 dB from 4.5 kHz, so nothing above the phone band folds into it), centred, so
-    output sample k is input sample 3k filtered with 45 samples (1.9 ms) of lookahead. The
-    output is as long as the input / 3 and in step with it: what is not out yet is the last
-    lookahead, which `resample_chunk(..., last=True)` lets out (the audio after it taken as
-    silence). soxr.ResampleStream's `resample_chunk` signature, so the two are interchangeable."""
-
-    RATIO = 3
-    HALF = 45  # taps either side of the centre
-    TAPS = _lowpass(cutoff=3900 / 24000, half=HALF, attenuation_db=70)
-
-    def __init__(self) -> None:
-        self._pending = np.zeros(self.HALF, np.float32)  # input from HALF before the next output's centre on
-        self._centre = self.HALF  # the next output's centre in `_pending`
-
-    def resample_chunk(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
-        pending = np.concatenate([self._pending, np.asarray(samples, np.float32).reshape(-1)])
-        end = pending.size  # centres before this are input; the silence after `last` is not
-        if last:
-            pending = np.concatenate([pending, np.zeros(self.HALF, np.float32)])
-        ready = max(0, pending.size - self.HALF - self._centre)  # centres with their whole lookahead in
-        count = -(-min(ready, end - self._centre) // self.RATIO) if end > self._centre else 0
-        if count <= 0:
-            out = np.zeros(0, np.float32)
-        else:
-            span = pending[self._centre - self.HALF:self._centre + (count - 1) * self.RATIO + self.HALF + 1]
-            out = np.convolve(span, self.TAPS, mode="valid")[::self.RATIO].astype(np.float32)
-        self._centre += count * self.RATIO
-        keep = self._centre - self.HALF
-        self._pending, self._centre = pending[keep:end], self.HALF
-        return out
 
 
 @dataclass(frozen=True)
@@ -102,7 +60,7 @@ class PhoneOutput:
             return
         if response_id != self._response_id:
             self._response_id = response_id
-            self._resampler = (Downsample3() if sample_rate == Downsample3.RATIO * PHONE_RATE
+            self._resampler = (Downsample3() if sample_rate == 3 * PHONE_RATE
                                else soxr.ResampleStream(sample_rate, PHONE_RATE, 1, dtype="float32", quality="HQ"))
         assert self._resampler is not None
         resampled = self._resampler.resample_chunk(np.asarray(samples, dtype=np.float32).reshape(-1))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from session_server.telephony.phone_audio import FRAME_SAMPLES, Downsample3, PhoneOutput
-from tests.webrtc.helpers import dominant_hz, rms
+from session_server.telephony.phone_audio import FRAME_SAMPLES, PhoneOutput
 
 
 def tone(seconds: float, hz: float = 440.0, rate: int = 24000) -> np.ndarray:
@@ -78,26 +77,3 @@ def test_a_replys_first_57_ms_chunk_is_whole_frames_at_once():
     frames = drain(output)
     assert len(frames) == 2  # 456 samples at 8 kHz, less the 15 of lookahead: two frames, no wait for the next chunk
     assert np.abs(frames[0].samples[20:]).max() > 0.4  # the tone itself, not leading silence
-
-
-def test_the_24_khz_downsampler_keeps_the_phone_band_and_drops_what_would_fold_into_it():
-    def through(hz: float) -> np.ndarray:
-        stream, source = Downsample3(), tone(0.5, hz)
-        chunks = [stream.resample_chunk(source[i:i + 1371]) for i in range(0, source.size, 1371)]
-        return np.concatenate([*chunks, stream.resample_chunk(np.zeros(0, np.float32), last=True)])
-
-    passed = through(1000.0)
-    assert passed.size == 4000  # 0.5 s at 8 kHz: as long as its input, tail included
-    assert abs(rms(passed[100:-100]) - 0.5 / np.sqrt(2)) < 0.005  # 1 kHz: unchanged
-    assert 990 <= dominant_hz(passed, 8000) <= 1010
-    assert rms(through(6000.0)[100:-100]) < 0.5 * 10 ** (-60 / 20)  # 6 kHz would fold to 2 kHz: 60 dB down or more
-
-
-def test_the_downsampler_in_chunks_equals_it_in_one_piece():
-    source = tone(0.3, 700.0) * np.linspace(0, 1, 7200, dtype=np.float32)
-    whole = Downsample3().resample_chunk(source, last=True)
-    stream = Downsample3()
-    cuts = [0, 1, 2, 100, 101, 1371, 4000, 7200]
-    parts = [stream.resample_chunk(source[a:b]) for a, b in zip(cuts, cuts[1:])]
-    chunked = np.concatenate([*parts, stream.resample_chunk(np.zeros(0, np.float32), last=True)])
-    np.testing.assert_allclose(chunked, whole, atol=1e-6)
