@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 from benchmarks import report
 from benchmarks.cli import main
 from benchmarks.server import free_port
-from benchmarks.sip import WEBHOOK_SECRET
+from benchmarks.sip import WEBHOOK_SECRET, arrival_clock
 from tests.conftest import running_server
 from tests.realtime.fakes import realtime_profile
 
@@ -31,4 +33,19 @@ async def test_one_call_is_answered_hears_a_reply_and_delivers_every_dtmf_digit(
     assert 25 <= level["reply_packets"] <= 40 and level["jitter_ms"]["n"] == level["reply_packets"] - 1
     assert 0 < level["speech_stopped_after_speech_ms"]["p50"] < level["first_reply_after_speech_ms"]["p50"]
     assert level["late_packets"] >= 0 and 0 < level["invite_to_webhook_ms"]["p50"] <= level["invite_to_200_ms"]["p50"]
+    # arrivals are the kernel's receive stamps: never after the callers' loop read them
+    assert level["invite_to_200_ms"]["p50"] <= level["invite_to_200_loop_ms"]["p50"]
+    assert level["jitter_loop_ms"]["n"] == level["jitter_ms"]["n"]
     assert "INVITE->200 p50/95 ms" in capsys.readouterr().out
+
+
+def test_a_datagrams_arrival_is_when_the_kernel_got_it_not_when_it_was_read():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as phone, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        phone.bind(("127.0.0.1", 0))
+        arrived = arrival_clock(phone)
+        server.sendto(b"SIP/2.0 200 OK", phone.getsockname())
+        sent = time.monotonic()
+        time.sleep(0.05)  # the callers' loop busy elsewhere: the read comes 50 ms late
+        phone.recvfrom(100)
+        read = time.monotonic()
+        assert abs(arrived() - sent) < 0.01 and read - arrived() > 0.04
