@@ -7,7 +7,8 @@ A user agent server on aiosipua over UDP. An INVITE with an SDP offer goes:
       with one: `realtime.call.incoming` POSTed there (sip_control.py); the application
         answers with POST /v1/realtime/calls/{call_id}/accept | reject, or nobody does and
         after `sip.answer_timeout_s` the call gets 480
-    accept --> session (phone_session.py) + RTP (sip_media.py) --> 200 OK with the SDP answer
+    accept --> session (phone_session.py) + RTP (sip_media.py, its sockets opened while the
+      call rang) --> 200 OK with the SDP answer
     ACK; then BYE from either side, REFER (transfer) from ours; CANCEL while pending; OPTIONS: 200
 
 The checks, cheapest first, each a refusal logged once (one line, never a traceback):
@@ -51,7 +52,8 @@ from session_server.telephony.config import TelephonyConfig
 from session_server.telephony.phone_call import DTMF_KEYS, PhoneCall
 from session_server.telephony.phone_session import phone_audio, phone_protocol, start_call
 from session_server.telephony.registry import PhoneCalls
-from session_server.telephony.sip_media import RtpWire, open_rtp, rtp_port
+from graph.background import spawn
+from session_server.telephony.sip_media import PeerRtpSession, RtpWire, open_rtp, rtp_port
 
 log = logging.getLogger("session_server.telephony")
 # Every refusal is logged here, once, as one line; aiosipua's own warnings about the same
@@ -87,6 +89,9 @@ class PendingCall:
     answering: bool = False  # an accept is in progress: the answer timeout lets it finish
     expired: bool = False  # the answer timeout passed during an accept: if that fails, 480
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Its RTP session, opened as it starts to ring so that the accept does not wait for the
+    # sockets; an accept takes it (None then), a call that ends unanswered closes it.
+    media: asyncio.Task[PeerRtpSession] | None = None
 
     @property
     def kind(self) -> str:
@@ -280,6 +285,7 @@ class SipEndpoint:
         self._by_sip_call[invite.call_id] = pending.id
         invite.ringing()
         log.info("sip: call %s (INVITE %s from %s:%s) ringing", pending.id, invite.call_id, addr[0], addr[1])
+        pending.media = self._open_media(pending)
         if self.webhooks is None:
             self._spawn(pending, self._auto_accept(pending), "accept")
         else:
@@ -318,10 +324,7 @@ class SipEndpoint:
             # The wire's formats last: the session says what the line carries, whatever the body said.
             protocol = await phone_protocol(self.state, f"sess_{secrets.token_hex(12)}", session, phone_audio(pending.kind))
             self._still_pending(pending)
-            local_ip = self._local_ip(invite.source_addr[0])
-            assert invite.sdp_offer is not None and invite.sdp_offer.rtp_address is not None
-            rtp = await open_rtp(pending.id, local_ip, invite.sdp_offer.rtp_address, pending.payload_type,
-                                 pending.dtmf_payload_type or DEFAULT_DTMF_PAYLOAD_TYPE, self.config.rtp_latching)
+            rtp = await self._take_media(pending)
             self._still_pending(pending)
             wire = RtpWire(rtp, pending.kind, lambda reason: self._send_bye(invite))
             call = await start_call(self.state, self.calls, pending.id, protocol, wire, "sip", self.config.media_timeout_s,
@@ -353,7 +356,7 @@ class SipEndpoint:
             raise CallRefusal(404, "call_not_found", f"Call {call_id!r} was cancelled by the caller.", "call_id")
         del self.pending[pending.id]
         self._stop_tasks(pending)
-        answer, _ = negotiate_sdp(invite.sdp_offer, local_ip, rtp_port(rtp), supported_codecs=[pending.payload_type],
+        answer, _ = negotiate_sdp(invite.sdp_offer, rtp.local_ip, rtp_port(rtp), supported_codecs=[pending.payload_type],
                                   dtmf_payload_type=pending.dtmf_payload_type or 0, session_name=USER_AGENT)
         invite.accept(answer)
         self._invites[pending.id] = invite
@@ -394,6 +397,7 @@ class SipEndpoint:
         if pending is not None:
             self._by_sip_call.pop(pending.invite.call_id, None)
             self._stop_tasks(pending)
+            self._release_media(pending)
             log.info("sip: call %s cancelled by the caller", pending.id)
 
     def _on_bye(self, invite: IncomingCall, request: SipRequest) -> None:
@@ -459,6 +463,7 @@ class SipEndpoint:
             return
         self._by_sip_call.pop(pending.invite.call_id, None)
         self._stop_tasks(pending)
+        self._release_media(pending)
         log.info("sip: call %s refused (%d): %s", pending.id, status, why)
         pending.invite.reject(status)
         self._forget_later(pending.invite)
@@ -488,6 +493,36 @@ class SipEndpoint:
         task = asyncio.get_running_loop().create_task(coroutine, name=f"{pending.id}:{name}")
         pending.tasks.add(task)
         task.add_done_callback(pending.tasks.discard)
+
+    def _open_media(self, pending: PendingCall) -> asyncio.Task[PeerRtpSession]:
+        invite = pending.invite
+        assert invite.sdp_offer is not None and invite.sdp_offer.rtp_address is not None
+        return asyncio.get_running_loop().create_task(
+            open_rtp(pending.id, self._local_ip(invite.source_addr[0]), invite.sdp_offer.rtp_address, pending.payload_type,
+                     pending.dtmf_payload_type or DEFAULT_DTMF_PAYLOAD_TYPE, self.config.rtp_latching),
+            name=f"{pending.id}:media")
+
+    async def _take_media(self, pending: PendingCall) -> PeerRtpSession:
+        """The call's RTP session, for the accept to own (opened now if none is open)."""
+        media, pending.media = pending.media or self._open_media(pending), None
+        try:
+            return await asyncio.shield(media)
+        except asyncio.CancelledError:
+            pending.media = media  # the accept was cancelled: the call keeps it (and closes it when it ends)
+            if self.pending.get(pending.id) is not pending:
+                self._release_media(pending)
+            raise
+
+    def _release_media(self, pending: PendingCall) -> None:
+        """Close the RTP session of a call that ends unanswered: now, or once it is open."""
+        media, pending.media = pending.media, None
+
+        def close(opened: asyncio.Task[PeerRtpSession]) -> None:
+            if not opened.cancelled() and opened.exception() is None:
+                spawn(self._close_rtp(opened.result()), name=f"{pending.id}:media-close")
+
+        if media is not None:
+            media.add_done_callback(close)
 
     def _local_ip(self, peer_ip: str) -> str:
         """The address to advertise and bind RTP on: the SIP socket's, or when that is a

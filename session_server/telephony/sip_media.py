@@ -45,6 +45,7 @@ class PeerRtpSession(RTPSession):
     peer: tuple[str, int] | None = None  # set once created; until then nothing is taken
     latch = False  # the next packet's source becomes the peer (once)
     call_id = "?"
+    local_ip = ""  # the address its sockets are bound on (the SDP answer's)
     dropped = 0
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -82,6 +83,7 @@ async def open_rtp(call_id: str, local_ip: str, peer: tuple[str, int], payload_t
     session = await PeerRtpSession.create(local_addr=(local_ip, 0), remote_addr=peer, payload_type=payload_type,
                                           clock_rate=PHONE_RATE, dtmf_payload_type=dtmf_payload_type)
     session.call_id = call_id
+    session.local_ip = local_ip
     session.peer = peer
     session.latch = latching and not is_public(peer[0])
     return session

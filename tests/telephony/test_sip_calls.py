@@ -14,6 +14,7 @@ import numpy as np
 import openai
 import pytest
 
+from session_server.telephony.sip_media import rtp_port
 from tests.conftest import http_client, running_server
 from tests.telephony.sip_phone import RATE, SipPhone, sdp_offer
 from tests.telephony.test_twilio_streams import API_KEY, phone_calls, phone_profile, sideband
@@ -208,20 +209,53 @@ async def test_a_refused_accept_leaves_the_call_ringing_and_reject_answers_it_wi
             assert server.runtime.count("realtime") == 0
 
 
+async def test_a_ringing_call_opens_its_rtp_the_accept_answers_with_it_and_a_rejected_call_closes_it():
+    async with webhook_receiver() as (hook_url, deliveries):
+        async with running_server(sip_profile(webhook_url=hook_url, webhook_secret="whsec_c2VjcmV0"), api_key=API_KEY) as server:
+            sip = server.server.config.app.state.sip
+            async with openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY) as client, \
+                    SipPhone.open(sip_address(server)) as answered, SipPhone.open(sip_address(server)) as rejected:
+                opened = {}
+                for phone in (answered, rejected):
+                    phone.invite()
+                    await until_true(lambda: len(deliveries) == len(opened) + 1)
+                    call_id = json.loads(deliveries[-1][0])["data"]["call_id"]
+                    media = sip.pending[call_id].media
+                    await until_true(media.done)  # before anyone accepts: while it rings
+                    opened[call_id] = media.result()
+                (answered_id, answered_rtp), (rejected_id, rejected_rtp) = opened.items()
+                await client.realtime.calls.accept(answered_id, type="realtime")
+                answered.accept_answer(await answered.final_response())
+                assert answered.answer.rtp_address[1] == rtp_port(answered_rtp)
+                with pytest.raises(openai.BadRequestError):  # a refused accept: it rings on, its RTP kept
+                    await client.realtime.calls.accept(rejected_id, type="realtime", instructions=123)  # type: ignore[arg-type]
+                assert not rejected_rtp._closed
+                await client.realtime.calls.reject(rejected_id, status_code=486)
+                await until_true(lambda: rejected_rtp._closed)
+                assert not answered_rtp._closed
+
+
 async def test_a_call_nobody_accepts_gets_480_after_the_answer_timeout_and_cancel_gets_487():
     async with webhook_receiver() as (hook_url, deliveries):
         profile = sip_profile(webhook_url=hook_url, webhook_secret="whsec_c2VjcmV0", answer_timeout_s=0.3)
         async with running_server(profile, api_key=API_KEY) as server:
+            sip = server.server.config.app.state.sip
+            medias = []  # each call's RTP, opened while it rang: closed when it ends unanswered
             async with SipPhone.open(sip_address(server)) as phone:
                 phone.invite()
+                await phone.response(lambda r: r.status_code == 180)
+                medias += [pending.media for pending in sip.pending.values()]
                 assert (await phone.final_response()).status_code == 480
             async with SipPhone.open(sip_address(server)) as phone:
                 phone.invite()
                 await phone.response(lambda r: r.status_code == 180)
+                medias += [pending.media for pending in sip.pending.values()]
                 phone.cancel()
                 assert (await phone.final_response("CANCEL")).status_code == 200
                 assert (await phone.final_response()).status_code == 487
-            assert len(server.server.config.app.state.sip.pending) == 0 and server.runtime.count("realtime") == 0
+            assert len(sip.pending) == 0 and server.runtime.count("realtime") == 0
+            assert len(medias) == 2
+            await until_true(lambda: all(media.done() and media.result()._closed for media in medias))
 
 
 async def test_malformed_sip_gets_400_no_common_codec_488_options_200_and_the_endpoint_goes_on(caplog):
