@@ -10,6 +10,9 @@ Two pieces, shared by all sessions of one model:
   wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model)
   and the next token of every row that asks for one, chosen on the device for all of them
   at once (thinker_sampling.py): one read of the chosen ids per step, no other host sync.
+  With `compute: {graphs: auto}` (`graphs`) a step whose feeds all choose greedily without a
+  grammar mask runs as one captured unit, forward and choice (captured_thinker.py `StepUnit`:
+  a CUDA graph on CUDA, a trace on CPU; the same tokens, the logits to float rounding).
   Every forward holds the cache's lock, so direct calls from compute threads (tests, warm-up,
   truncate) and the executor's worker never overlap.
 - `ThinkerExecutor` is the shared executor the thinker node submits to (a `graph.executor.Batcher`
@@ -183,7 +186,8 @@ class ThinkerRunner:
     def answer(self, requests: list[Feed | Choose]) -> list[Fed]:
         """A step's `Feed`s through one forward, then the next token of every request with a
         choice (the feeds' and the `Choose`s') in one pass of the sampler, on the device: one
-        read of the chosen ids for the whole step (thinker_sampling.py). -> a `Fed` per request."""
+        read of the chosen ids for the whole step (thinker_sampling.py); the feeds as one
+        captured unit where `step_unit` can take them. -> a `Fed` per request."""
         unit = self.step_unit
         if unit is not None:
             with self.cache.lock:
@@ -220,6 +224,7 @@ class ThinkerRunner:
         sampler; one read of all the chosen ids."""
         for feed in feeds:
             _check_owner(feed)
+        feeds = sorted(feeds, key=lambda feed: feed.slot)  # as the eager step's rows (the cache's first rows: views)
         logits, tokens = unit.run(feeds, *captured)
         self.forwards += 1
         self.rows_forwarded += len(feeds)
@@ -233,12 +238,12 @@ class ThinkerRunner:
                 chosen[row] = token
         else:
             ids, chosen = tokens.tolist(), []  # the step's one read
-        by_feed = iter(zip(logits, ids))
+        by_feed = {id(feed): (row_logits, token) for feed, row_logits, token in zip(feeds, logits, ids)}
         by_choose = iter(zip(chooses, chosen))
         answers = []
         for request in requests:
             if isinstance(request, Feed):
-                row_logits, token = next(by_feed)
+                row_logits, token = by_feed[id(request)]
                 answers.append(Fed(row_logits, token if request.choice is not None else None))
             else:
                 choose, token = next(by_choose)

@@ -444,14 +444,15 @@ def kv_span(kv_length: int, capacity: int) -> int:
 
 def span_layers(layers: list[Any], head_weights: dict[int, torch.Tensor], hidden: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, cache: Any, rows: torch.Tensor, starts: torch.Tensor, kv_length: int,
-                in_place: bool, hidden_size: torch.Tensor) -> torch.Tensor:
+                in_place: bool, hidden_size: torch.Tensor, first_rows: bool = False) -> torch.Tensor:
     """lean_decode's decoder layers for one new position on each of the slot-cache rows `rows`
     `[B]` (written at columns `starts` `[B]`) with every shape fixed by B and `kv_length` (the
     columns read, under the mask): what a captured decode step of the talker or the thinker
     runs. `head_weights`: per layer (`id`), its q/k norm weights side by side. A padding row
     reads a real row and writes the cache's last column (its start: `capacity - 1`). `in_place`:
-    every row of the cache attends where it lies (see `FrameUnit.attend_in_place`), else the
-    batch's rows are copied out over the span."""
+    every row of the cache attends where it lies (see `FrameUnit.attend_in_place`); `first_rows`:
+    `rows` are the cache's rows 0 .. B-1 in order (padding rows too: their own rows), read where
+    they lie (views); else the batch's rows are copied out over the span."""
     count = hidden.shape[0]
     # Where each row's new key/value goes (flat [slots * kv_heads * capacity, head_dim]), and
     # the columns each row sees (0 .. its start).
@@ -485,6 +486,9 @@ def span_layers(layers: list[Any], head_weights: dict[int, torch.Tensor], hidden
             queries = query.new_zeros((cache.slots, *query.shape[1:])).index_add_(0, rows, query * real)
             out = F.scaled_dot_product_attention(queries, keys[:, :, :kv_length], values[:, :, :kv_length],
                                                  attn_mask=mask, scale=layer.scaling).index_select(0, rows)
+        elif first_rows:  # the cache's first rows as they are: no copy
+            out = F.scaled_dot_product_attention(query, keys[:count, :, :kv_length], values[:count, :, :kv_length],
+                                                 attn_mask=mask, scale=layer.scaling)
         else:  # the batch's rows copied out
             row_keys = keys[:, :, :kv_length].index_select(0, rows)
             row_values = values[:, :, :kv_length].index_select(0, rows)

@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A capture's key: (padded batch, whether it applies repetition penalties, KV span).
-Key = tuple[int, bool, int]
+# A capture's key: (padded batch, whether it applies repetition penalties, KV span, whether its
+# rows are the cache's first rows: read in place, `captured.span_layers`).
+Key = tuple[int, bool, int, bool]
 
 
 class StepInputs:
@@ -87,7 +88,7 @@ class StepUnit:
         self.lean = runner.lean_decode
         self.steps = 0  # steps this unit ran (tests read it)
         self.replays = 0  # of which replayed a capture
-        self.replayed_rows = 0  # the rows of the last replay
+        self.replayed_rows, self.replayed_key = 0, None  # the rows and key of the last replay
         self._graphs: dict[Key, _StepGraph] = {}
         self._failed: set[int] = set()
         self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
@@ -147,8 +148,9 @@ class StepUnit:
         with cache.lock:
             longest = max(cache.lengths[request.slot] for request in requests)
             cache._ensure_capacity(longest + steps + 2)
+            first_rows = self._first_rows(sorted(request.slot for request in requests), size)
             for span in sorted({kv_span(longest + 1 + k, cache.capacity) for k in range(steps)}):
-                key = (size, penalized, span)
+                key = (size, penalized, span, first_rows)
                 graph = self._graphs.get(key)
                 if graph is None or graph.key != _cache_key(cache):
                     made += self._make(key, requests[0].slot) is not None
@@ -158,9 +160,9 @@ class StepUnit:
 
     @torch.inference_mode()
     def run(self, feeds: list[Feed], size: int, penalized: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step of `feeds` (`capturable`, every owner holding its row): (logits [B, V],
-        greedy tokens [B] long), on the device, nothing read; the caller reads the tokens once.
-        Commits each row's new column."""
+        """One decode step of `feeds` (`capturable`, every owner holding its row, in slot order):
+        (logits [B, V], greedy tokens [B] long), on the device, nothing read; the caller reads
+        the tokens once. Commits each row's new column."""
         cache = self.cache
         with cache.lock:
             if len({feed.slot for feed in feeds}) != len(feeds):
@@ -168,7 +170,8 @@ class StepUnit:
             starts = [cache.lengths[feed.slot] for feed in feeds]
             cache._ensure_capacity(max(starts) + 2)  # one column more: padding rows write the last
             inputs = self._inputs(feeds, starts, penalized)
-            logits, tokens = self._step(inputs, size, penalized, max(starts) + 1)
+            first_rows = self._first_rows([feed.slot for feed in feeds], size)
+            logits, tokens = self._step(inputs, size, penalized, max(starts) + 1, first_rows)
             for feed, start in zip(feeds, starts):
                 cache.lengths[feed.slot] = start + 1
         self.steps += 1
@@ -195,31 +198,36 @@ class StepUnit:
             cached = self._penalties[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
         return cached
 
-    def _step(self, inputs: StepInputs, size: int, penalized: bool, kv_length: int):
+    def _first_rows(self, slots: list[int], size: int) -> bool:
+        """Whether a step on `slots` reads the cache's first `size` rows in place: they are its
+        rows 0 .. B-1 (the padding rows then are the next ones, each writing its last column),
+        as the rows of a server's first sessions are (rows are handed out low first). On CUDA
+        the in-place form over the whole cache takes the large batches (`attend_in_place`)."""
+        return size <= self.cache.slots and slots == list(range(len(slots)))
+
+    def _step(self, inputs: StepInputs, size: int, penalized: bool, kv_length: int, first_rows: bool):
         rows = inputs.rows.shape[0]
         if not self.cuda and _python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the step runs as written, the same aten calls the trace makes.
-            return self.step(inputs, kv_length, penalized)
+            return self.step(inputs, kv_length, penalized, first_rows)
         cache = self.cache
-        key = (size, penalized, kv_span(kv_length, cache.capacity))
+        key = (size, penalized, kv_span(kv_length, cache.capacity), first_rows)
         graph = self._graphs.get(key)
         if graph is None or graph.key != _cache_key(cache):
-            if self.defer is not None:  # captured in idle time; this step runs as written
-                if key not in self._pending:
-                    self._pending.add(key)
-                    self.defer(functools.partial(self._capture, key))
-                return self.step(inputs, kv_length, penalized)
+            if self.defer is not None and self._deferred(key):  # captured in idle time; this step runs as written
+                return self.step(inputs, kv_length, penalized, first_rows)
             graph = self._make(key, int(inputs.rows[0]))
             if graph is None:
-                return self.step(inputs, kv_length, penalized)
+                return self.step(inputs, kv_length, penalized, first_rows)
         self.replays += 1
-        self.replayed_rows = rows
+        self.replayed_rows, self.replayed_key = rows, key
         return graph.replay(inputs, rows)
 
     # ------------------------------------------------------------------ the unit itself
 
-    def step(self, inputs: StepInputs, kv_length: int, penalized: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, inputs: StepInputs, kv_length: int, penalized: bool,
+             first_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step as tensor ops: (logits [B, V] in the model's dtype, greedy tokens [B]
         long). `kv_length`: the KV columns read (a `kv_span` when captured, the longest row + 1
         as written). The choice is `ThinkerSampler._pick`'s greedy arithmetic, per row."""
@@ -228,7 +236,7 @@ class StepUnit:
         cos, sin = lean.rotary(inputs.positions, hidden.dtype)
         in_place = self.attend_in_place(hidden.shape[0], self.cache.slots)
         hidden = span_layers(self.layers, self._head_weights, hidden, cos, sin, self.cache, inputs.rows, inputs.starts,
-                             kv_length, in_place, lean.hidden_size)
+                             kv_length, in_place, lean.hidden_size, first_rows=first_rows and not in_place)
         hidden = _rms_norm(hidden, lean.norm, lean.norm_eps, lean.hidden_size)
         logits = F.linear(hidden, lean.lm_head.weight, lean.lm_head.bias)  # [B, V]
         scores = logits if logits.dtype == torch.float32 else logits.float()
@@ -240,6 +248,19 @@ class StepUnit:
         return logits, torch.argmax(scores, dim=-1)
 
     # ------------------------------------------------------------------ captures
+
+    def _deferred(self, key: Key) -> bool:
+        """Queue `key`'s capture with `defer` (once). False: the hook's loop is gone (the node
+        that set it has stopped; the runner outlives it): captures run inline from now on."""
+        if key in self._pending:
+            return True
+        try:
+            self.defer(functools.partial(self._capture, key))
+        except RuntimeError:  # "Event loop is closed"
+            self.defer = None
+            return False
+        self._pending.add(key)
+        return True
 
     @torch.inference_mode()
     def _capture(self, key: Key) -> None:
@@ -267,12 +288,12 @@ class StepUnit:
 
 
 class _StepGraph:
-    """One (padded batch, penalized, KV span)'s captured step on static inputs (`Captured`).
-    Padding rows feed token 0 at position 0 on the step's first row, writing the cache's last
-    column (kept past every row's length by `StepUnit.answer`)."""
+    """One `Key`'s captured step on static inputs (`Captured`). Padding rows feed token 0 at
+    position 0 on the step's first row (with `first_rows`: on the rows after the step's), writing
+    the cache's last column (kept past every row's length by `StepUnit.run`)."""
 
     def __init__(self, unit: StepUnit, key: Key, row: int):
-        size, penalized, span = key
+        size, penalized, span, first_rows = key
         cache = unit.cache
         self.unit, self.size, self.key = unit, size, _cache_key(cache)
         self.cuda = unit.cuda
@@ -280,14 +301,16 @@ class _StepGraph:
         self.inputs = StepInputs(
             torch.zeros(size, **longs),
             torch.zeros(size, **longs),
-            torch.full((size,), row, **longs),
+            torch.arange(size, **longs) if first_rows else torch.full((size,), row, **longs),
             torch.full((size,), cache.capacity - 1, **longs),
             torch.zeros(size, **longs),
             torch.zeros((size, unit.vocab_size), dtype=torch.bool, device=unit.device),
             torch.ones((size, 1), dtype=torch.float32, device=unit.device),
         )
         thinker = unit.runner.thinker
-        self.captured = Captured(lambda *tensors: unit.step(StepInputs(*tensors), span, penalized),
+        self.first_rows = first_rows
+        self._padding_rows = torch.arange(size, **longs)
+        self.captured = Captured(lambda *tensors: unit.step(StepInputs(*tensors), span, penalized, first_rows),
                                  self.inputs.tensors(), unit, (thinker,))
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
@@ -300,8 +323,11 @@ class _StepGraph:
         for name, value in given:
             if value is not None:
                 getattr(static, name)[:rows].copy_(value, non_blocking=True)
-        if rows < self.size:  # padding rows: the first row's last column
-            static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
+        if rows < self.size:  # padding rows: the first row's (or their own row's) last column
+            if self.first_rows:
+                static.rows[rows:].copy_(self._padding_rows[rows:])
+            else:
+                static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.cache.capacity - 1)
         logits, tokens = self.captured.run()
         if self.cuda:  # the graph's outputs are overwritten by its next replay

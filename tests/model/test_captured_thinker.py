@@ -9,6 +9,7 @@ from benchmarks.dispatch_counts import DispatchCounts
 from nodes.qwen3_omni.batched_thinker import ThinkerRunner
 from nodes.qwen3_omni.captured import padded_batch
 from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerSession
+from nodes.qwen3_omni.thinker_requests import Choice, Feed
 from tests.model.test_batched_thinker import step_together, text_turn
 
 
@@ -126,3 +127,64 @@ def test_a_captured_step_reads_the_host_once(omni, runner):
 def test_graphs_off_runs_every_step_eager(omni, runner):
     runner.graphs = "off"
     assert runner.step_unit is None
+
+
+def test_captured_steps_equal_eager_ones_on_any_rows_with_padding(omni):
+    # Two runners of their own (each its own cache), fed the same rows step by step: rows that
+    # are the cache's first ones (read in place), rows with gaps (copied out), padded batches.
+    eager, captured = (ThinkerRunner(omni, slots=8, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
+    for runner in (eager, captured):
+        for _ in range(8):
+            runner.cache.acquire()
+    schedule = [({0}, 3), ({0, 1}, 3), ({0, 1, 2}, 4), ({0, 2}, 4), ({0, 1, 2, 5}, 4), ({1, 3, 4, 5, 6}, 3),
+                ({0, 1, 2, 3, 4, 5, 6}, 4), ({6}, 2), ({0, 1, 2, 3, 4, 5, 6, 7}, 3)]
+    last = {row: 17 + 5 * row for row in range(8)}  # each row feeds the token it was last given
+    keys = set()
+    for rows, steps in schedule:
+        for _ in range(steps):
+            answers = []
+            for runner in (eager, captured):
+                feeds = [Feed(row, last[row], runner.cache.lengths[row], None, Choice(Sampling())) for row in sorted(rows)]
+                answers.append(runner.answer(feeds))
+            keys.add(captured.step_unit.replayed_key)
+            for row, want, got in zip(sorted(rows), *answers):
+                assert got.token == want.token, row
+                torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+                last[row] = got.token
+    assert eager.cache.lengths == captured.cache.lengths
+    for layer in range(eager.cache.num_layers):
+        for row, length in enumerate(eager.cache.lengths):
+            torch.testing.assert_close(captured.cache.keys[layer][row, :, :length], eager.cache.keys[layer][row, :, :length])
+            torch.testing.assert_close(captured.cache.values[layer][row, :, :length],
+                                       eager.cache.values[layer][row, :, :length])
+    assert captured.step_unit.replays == captured.step_unit.steps == sum(steps for _, steps in schedule)
+    assert {(size, first_rows) for size, _, _, first_rows in keys} >= {(1, True), (2, True), (4, True), (2, False),
+                                                                       (4, False), (8, False), (8, True)}
+
+
+def test_a_deferred_capture_runs_later_and_steps_run_as_written_until_then(omni):
+    runner = ThinkerRunner(omni, slots=4, capacity=64, graphs="auto")
+    unit = runner.step_unit
+    queued = []
+    unit.defer = queued.append
+    rows = [runner.cache.acquire() for _ in range(3)]
+    feeds = lambda: [Feed(row, 20 + row, runner.cache.lengths[row], None, Choice(Sampling())) for row in rows]  # noqa: E731
+    runner.answer(feeds())
+    runner.answer(feeds())
+    assert unit.replays == 0 and unit.steps == 2 and len(queued) == 1  # queued once, not per step
+    queued.pop()()  # the idle compute runs it
+    runner.answer(feeds())
+    assert unit.replays == 1
+
+
+def test_a_hook_whose_loop_is_gone_leaves_captures_inline(omni):
+    runner = ThinkerRunner(omni, slots=2, capacity=64, graphs="auto")
+    unit = runner.step_unit
+
+    def closed(capture):
+        raise RuntimeError("Event loop is closed")
+
+    unit.defer = closed
+    row = runner.cache.acquire()
+    runner.answer([Feed(row, 21, 0, None, Choice(Sampling()))])
+    assert unit.defer is None and unit.replays == 1
