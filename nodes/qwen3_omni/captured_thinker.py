@@ -7,17 +7,21 @@ is the same arithmetic as one function of tensors only, every shape fixed by the
 size and the KV span it reads (captured.py's `PADDED_BATCHES` and `kv_span`): the token
 embedding, the rotary of each row's position, the decoder layers (`captured.span_layers`, shared
 with the talker's frame), the final norm, lm_head, and the greedy choice (repetition penalty,
-the banned ids, argmax). Each (size, penalized, span) is captured once (`captured.Captured`: a
-CUDA graph on CUDA, a TorchScript trace on CPU) and replayed; one host read of the chosen ids
-per step, as eager.
+the banned ids, argmax). Each `Key` (padded size, penalized, KV span, first rows) is captured
+once (`captured.Captured`: a CUDA graph on CUDA, a TorchScript trace on CPU) and replayed; one
+host read of the chosen ids per step, as eager.
 
-Where it applies (`StepUnit.capturable`): every request of the step is a `Feed` with a greedy
-choice and no grammar mask, at most 64 rows, the lean layers usable, every row at least two
-columns short of the cache's capacity (padding rows write its last one). Otherwise, and for
-anything it cannot capture, the step runs eager: sampled choices (their draws: per-session
-generators and the shared one), tool-call grammar masks, prefill `Choose`s in the same step,
-experts chosen on the host (CPU), a size whose capture failed (logged once). Padding rows read
-the first row's KV and write the cache's last column, past every row's length.
+Where it applies (`StepUnit.capturable`): every `Feed` of the step chooses greedily without a
+grammar mask (or chooses nothing: a reply's last token), at most 64 of them, the lean layers
+usable, every row at least two columns short of the cache's capacity (padding rows write its
+last one). A step's `Choose`s (first tokens from prefills) go through the sampler beside it,
+and one read takes all the ids (`ThinkerRunner._captured_answer`). Otherwise the step runs
+eager: sampled choices (their draws: per-session generators and the shared one; the profiles'
+thinker is greedy), tool-call grammar masks (built on the host per step), experts chosen on
+the host (CPU), a size whose capture failed (logged once). Rows that are the cache's rows
+0 .. B-1 are read in place (views over the span); other rows are copied out over the span,
+their padding reading the first row's KV. Padding rows write the cache's last column, past
+every row's length.
 
 The numbers: the logits to float rounding of the eager step's (the same operators but for the
 RMSNorm's `pow(2).mean`, equal to the bit on CPU), the same greedy tokens (tests/model/
@@ -308,6 +312,7 @@ class _StepGraph:
             torch.ones((size, 1), dtype=torch.float32, device=unit.device),
         )
         thinker = unit.runner.thinker
+        unit.runner.sampler  # built now (its banned masks moved to the device), not inside a CUDA capture
         self.first_rows = first_rows
         self._padding_rows = torch.arange(size, **longs)
         self.captured = Captured(lambda *tensors: unit.step(StepInputs(*tensors), span, penalized, first_rows),
