@@ -92,7 +92,9 @@ Speech requests (`meta.speak`) skip the thinker: the text's tokens go to the tal
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -119,6 +121,8 @@ from graph.messages import (
     TurnDone,
     Usage,
 )
+from graph.background import spawn
+from graph.executor import PRIORITY_IDLE
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -128,6 +132,8 @@ from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
+
+log = logging.getLogger(__name__)
 
 # A transcription pass's instruction (a user message and the assistant header), in tokens: with
 # its transcript it goes on top of a full context, then is rolled back.
@@ -177,9 +183,26 @@ class Thinker(Node):
             self.context.compute, self.omni, max_batch=settings.max_batch,
             linger_s=settings.batch_linger_ms / 1000.0, **self._kv_sizes(),
         )
-        self._kv_rows = None if self.executor.runner.cache.grow else self.executor.runner.cache.slots
+        runner = self.executor.runner
+        self._kv_rows = None if runner.cache.grow else runner.cache.slots
+        # `compute: {graphs}`: greedy decode steps as one captured unit (auto) or eager (off);
+        # the captures run as idle compute, never in a reply's step (captured_thinker.py).
+        runner.graphs = getattr(self.context, "graphs", "auto")
+        unit = runner.step_unit
+        if unit is not None:
+            loop = asyncio.get_running_loop()
+            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
         if settings.warmup:
             await self.context.compute.run(self._warm_up)
+
+    def _capture_later(self, capture: Any) -> None:
+        spawn(self._capture(capture), name="thinker-capture")
+
+    async def _capture(self, capture: Any) -> None:
+        try:
+            await self.context.compute.run(capture, priority=PRIORITY_IDLE)
+        except Exception:  # noqa: BLE001 - the runtime stopped first: steps stay eager
+            log.debug("thinker step capture did not run", exc_info=True)
 
     def _kv_sizes(self) -> dict[str, Any]:
         """The slot cache's rows and columns (slot_cache.py). Allocated at start (the model's
