@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,20 @@ from nodes.qwen3_omni.thinker_requests import Feed
 from nodes.qwen3_omni.thinker_sampling import device_longs
 
 if TYPE_CHECKING:
-    from nodes.qwen3_omni.batched_thinker import ThinkerRunner
+    from nodes.qwen3_omni.lean_decode import LeanDecode
+    from nodes.qwen3_omni.slot_cache import SlotKVCache
+    from nodes.qwen3_omni.thinker_sampling import ThinkerSampler
+
+
+class ThinkerRunner(Protocol):
+    """What the unit reads of its runner (batched_thinker.py's `ThinkerRunner`; named here so that
+    this module does not import the runner, which imports it)."""
+
+    cache: SlotKVCache
+    device: str | torch.device
+    lean_decode: LeanDecode
+    thinker: Any
+    sampler: ThinkerSampler
 
 log = logging.getLogger(__name__)
 
