@@ -5,10 +5,10 @@ import asyncio
 import httpx
 import pytest
 
-from tests.conftest import running_server
+from tests.conftest import eventually, running_server
 from tests.speech.conftest import speaker_node, speech_service
 from tests.speech.fake_speaker import RATE, speaker_profile
-from tests.speech.helpers import eventually, parse_sse, pcm_samples, sdk, sse_audio, wav_samples
+from tests.speech.helpers import parse_sse, pcm_samples, sdk, sse_audio, wav_samples
 
 MODEL = "test-tts"
 
