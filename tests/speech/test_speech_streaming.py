@@ -109,9 +109,11 @@ async def test_client_disconnect_mid_stream_cancels_generation_and_frees_the_exe
             # Nothing of it is left queued on the shared executor; at most the one step that was
             # already running when it closed completes, and then no more steps run for it.
             assert node.batcher.queue_depth() == 0
-            await asyncio.sleep(0.1)
+            await eventually(server.runtime.compute.idle, "the step in progress at the close to finish")
             settled = node.steps[session_id]
             assert settled <= steps_at_close + 1
+            # A negative check with no later event to wait for: ten step times for a step that
+            # must not run.
             await asyncio.sleep(0.2)
             assert node.steps[session_id] == settled
             # The executor serves the next request at once.
