@@ -175,7 +175,9 @@ async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
 
 async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
     profile = compute_profile()
+    profile["nodes"]["model"]["params"] = {"held": True}
     runtime = await started(profile)
+    model = runtime.nodes["model"]
     try:
         session = await runtime.open_session("s")
         ticks = 0
@@ -189,13 +191,18 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
         ticking = asyncio.create_task(ticker())
         await session.send("turns", Turn(reply=ReplyParams()))
         assert len(session.replies) == 1
+        await eventually(model.stepping.is_set, "the model step")
+        ticks_in_step = ticks
+        # The step is held: only a loop that keeps moving meanwhile gets these ticks in.
+        await eventually(lambda: ticks >= ticks_in_step + 5, "the loop to tick during the step")
+        model.release.set()
         (done,) = await take(session, 1)
         ticking.cancel()
         assert isinstance(done, TurnDone)
         assert done.reason.startswith("compute")  # ran on a compute thread, not the loop
-        assert ticks >= 5  # the loop ticked while the 0.2 s step ran
         assert len(session.replies) == 0
     finally:
+        model.release.set()
         await runtime.stop(0)
 
 
