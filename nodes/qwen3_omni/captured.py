@@ -37,16 +37,15 @@ node through its context.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from nodes.qwen3_omni.capture import Captured, padded_batch, python_modes
 from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
 from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
 from nodes.qwen3_omni.talker_sampling import _RESIDUAL_TOP_K, _RESIDUAL_TOP_P, _top_k, _top_p, residual_codes, talker_codes
@@ -57,22 +56,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
-PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
 KV_SPANS_FROM = 64
 # How a captured frame picks every row's codes: greedy (None) or sampled (temperature, top_k, top_p).
 Pick = tuple[float, int, float] | None
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
-
-
-def padded_batch(rows: int) -> int | None:
-    """The padded batch size `rows` replies run at (None: more than the largest)."""
-    for size in PADDED_BATCHES:
-        if rows <= size:
-            return size
-    return None
 
 
 class FrameInputs:
@@ -421,7 +410,7 @@ class FrameUnit:
         its first use, and again when the cache has grown); a size whose capture failed runs
         this frame as written, and later ones as `capturable` says."""
         rows = inputs.rows.shape[0]
-        if not self.cuda and _python_modes():
+        if not self.cuda and python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the frame runs as written, the same aten calls the trace makes.
             return self.frame(inputs, kv_length, pick=pick)
@@ -505,11 +494,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: to
     return weight * (x * x.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_())
 
 
-def _python_modes() -> bool:
-    """Whether a Python dispatch or function mode is active (a counter, a tracer)."""
-    return torch._C._len_torch_dispatch_stack() > 0 or torch._C._len_torch_function_stack() > 0
-
-
 def _pairs_path(layer: Any, tokens: int) -> bool:
     """Whether lean_decode's `_experts` runs each chosen (token, expert) pair on its own for
     `tokens` tokens on CPU (its condition: a host read of the chosen experts)."""
@@ -541,32 +525,19 @@ class _Graph:
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
         self.cuda = unit.cuda
-        if self.cuda:
-            self.graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
-                    unit.frame(self.inputs, span, pick=pick)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            if unit._pool is None:
-                unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
-            with torch.cuda.graph(self.graph, pool=unit._pool):
-                self.outputs = unit.frame(self.inputs, span, pick=pick)
-        else:
-            def frame(*tensors: torch.Tensor):
-                return unit.frame(FrameInputs(*tensors), span, pick=pick)
+        if self.cuda and unit._pool is None:
+            unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
 
-            with warnings.catch_warnings(), _weights_as_constants(unit.talker):
-                warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
-                self.trace = torch.jit.trace(frame, tuple(self.inputs.tensors()), check_trace=False)
-            for _ in range(2):  # TorchScript profiles the first run and optimizes at the second: not in a frame
-                self.trace(*self.inputs.tensors())
+        def frame(*tensors: torch.Tensor):
+            return unit.frame(FrameInputs(*tensors), span, pick=pick)
+
+        self.captured = Captured(frame, tuple(self.inputs.tensors()), (unit.talker.talker, unit.talker.thinker_embeddings),
+                                 unit._pool)
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
         if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
-            return self.trace(*inputs.tensors())
+            return self.captured.run(*inputs.tensors())
         static = self.inputs
         for name in FrameInputs.__slots__:
             target, value = getattr(static, name), getattr(inputs, name)
@@ -577,26 +548,9 @@ class _Graph:
         if rows < self.size:  # padding rows: the first row's last column
             static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.slots.cache.capacity - 1)
-        if self.cuda:
-            self.graph.replay()
-            codes, next_embeds, hidden, positions = self.outputs
+        codes, next_embeds, hidden, positions = self.captured.run(*static.tensors())
+        if self.cuda:  # the graph's static outputs: the next replay overwrites them
             return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
-        codes, next_embeds, hidden, positions = self.trace(*static.tensors())
         if rows == self.size:
             return codes, next_embeds, hidden, positions
         return codes[:rows], next_embeds[:rows], hidden[:rows], positions[:, :rows]
-
-
-@contextlib.contextmanager
-def _weights_as_constants(talker: TalkerModel):
-    """The tracer records the weights as constants, which it refuses to do with tensors that
-    require grad: the talker's and the thinker embeddings' parameters do not while it traces."""
-    parameters = [p for module in (talker.talker, talker.thinker_embeddings) for p in module.parameters()
-                  if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)
