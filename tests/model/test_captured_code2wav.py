@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import numpy as np
 import pytest
 import torch
 
 from benchmarks.dispatch_counts import DispatchCounts
+from graph.messages import AudioOut, CodecFrames, HiddenChunk, TurnDone
+from graph.runtime import GraphRuntime
 from nodes.qwen3_omni.captured_code2wav import MAX_FRAMES, attach
 from nodes.qwen3_omni.code2wav_stream import Code2WavStream, push_many
 from tests.model.test_code2wav_streaming_steps import make_decoder, random_codes
+from tests.model.test_talker_code2wav_nodes import collect, profile, prompt_chunk
 
 ATOL = 1e-5  # float32: the captured transformer attends per stream, the eager one over one packed sequence
 
@@ -120,3 +126,32 @@ def test_streamed_captured_chunks_equal_the_one_shot_decode():
     assert streamed.shape == one_shot.shape
     assert (streamed - one_shot).abs().max().item() <= ATOL
     assert captured.chunk_unit.replays > 0
+
+
+async def test_the_node_captures_in_idle_compute_and_replays_its_chunks_with_graphs_auto(tiny_checkpoint):
+    for graphs in ("off", "auto"):
+        runtime = GraphRuntime.from_config({**profile(tiny_checkpoint), "compute": {"graphs": graphs}})
+        await runtime.start()
+        try:
+            unit = runtime.nodes["code2wav"].decoder.chunk_unit
+            assert (unit is None) == (graphs == "off")
+            for turn in (1, 2):  # the first reply's keys are captured in idle time; the second replays them
+                session = await runtime.open_session(f"s{turn}", config={"voice": "chelsie"})
+                await session.send("hidden", prompt_chunk(runtime))
+                for i, token in enumerate([104, 105, 33]):
+                    await session.send("hidden", HiddenChunk(turn_id=1, response_id="r", token_ids=(token,), final=i == 2))
+                await session.send("hidden", TurnDone(turn_id=1, response_id="r"))
+                out = await collect(session)
+                await session.close()
+                frames = np.concatenate([m.codes for m in out if isinstance(m, CodecFrames) and len(m.codes)])
+                audio = np.concatenate([m.samples for m in out if isinstance(m, AudioOut)])
+                one_shot = runtime.nodes["code2wav"].decoder.decode_all(torch.from_numpy(frames)).numpy()
+                assert np.allclose(audio, one_shot, rtol=0, atol=1e-4), (graphs, turn)
+                if unit is not None:
+                    async with asyncio.timeout(20):
+                        while unit._pending:  # the idle captures
+                            await asyncio.sleep(0.01)
+            if unit is not None:
+                assert unit.replays > 0 and unit._graphs
+        finally:
+            await runtime.stop(0)
