@@ -77,6 +77,20 @@ def test_a_stream_moves_between_the_captured_and_the_eager_path():
     assert unit.chunks == 5
 
 
+def test_a_stream_whose_first_chunks_ran_eager_is_captured_with_its_cache_short_of_the_window():
+    eager, captured = _pair()
+    unit = captured.chunk_unit
+    want_stream, got_stream = Code2WavStream(eager, 1, 1), Code2WavStream(captured, 1, 1)
+    unit._failed.add(1)  # as if size 1 could not be captured: eager, the state as lists
+    for push in range(6):
+        if push == 2:
+            unit._failed.discard(1)  # 2 frames in: its KV padded to the window's 7 columns
+        codes = random_codes(1, push)
+        _assert_same([want_stream.push(codes)], [got_stream.push(codes)], push)
+        assert (got_stream._state is None) == (push < 2), push
+    assert unit.chunks == 4
+
+
 def test_graphs_off_keeps_the_eager_path():
     decoder = attach(make_decoder(32), "off")
     assert decoder.chunk_unit is None
