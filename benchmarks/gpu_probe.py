@@ -51,7 +51,7 @@ TALKER_BATCHES = (1, 16, 64)
 SERVER_MODULES = ("msgspec", "fastapi", "starlette", "pydantic", "uvicorn", "websockets", "soxr", "soundfile",
                   "silero_vad", "python_multipart", "transformers", "yaml", "uvloop", "httpx", "onnxruntime", "prometheus_client")
 # The stages whose steps have a captured form (`compute: {graphs: auto}`); the others run eager either way.
-CAPTURED_STAGES = ("talker_frame",)
+CAPTURED_STAGES = ("talker_frame", "code2wav_chunk")
 OPTIONAL_MODULES = {"aiortc": "WebRTC calls", "av": "WebRTC audio and mp3/opus speech", "xgrammar": "tool-call grammars"}
 
 
