@@ -22,7 +22,7 @@ context and prefill lengths; on CPU the dtype is float32 and the bandwidth a mea
 `--graphs`: `off` times the eager steps; `auto` the engine's captured steps where it has them
 (`compute: {graphs: auto}`, docs/ARCHITECTURE.md); `both` times every stage eager (`stages`),
 then again captured each stage that has a captured form (`captured`: the talker + code predictor
-frame, nodes/qwen3_omni/captured.py). The notes say which stages have none and ran eager only.
+frame, nodes/qwen3_omni/captured.py; the code2wav chunk, captured_code2wav.py). The notes say which stages have none and ran eager only.
 """
 
 from __future__ import annotations
