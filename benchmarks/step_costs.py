@@ -1,6 +1,6 @@
 """What one engine step costs the host: aten operators, host syncs and wall time per step.
 
-    .venv/bin/python -m benchmarks.step_costs [--graphs auto|off|both] [--stages thinker,talker]
+    .venv/bin/python -m benchmarks.step_costs [--graphs auto|off|both] [--stages thinker,talker,code2wav]
 
 - `thinker`: one decode step of 16 sessions through the executor's batch function (`run_calls`,
   the function the thinker node's shared executor runs): operators and host syncs per step, with
@@ -11,6 +11,10 @@
   predictor's residual codes): operators, host syncs and ms per frame, with the profile's
   `compute: {graphs}` as `--graphs` says (auto: the captured frame, nodes/qwen3_omni/captured.py;
   off: eager; both: each, alternating in one run, under `talker.off` / `talker.auto`).
+- `code2wav`: one streaming chunk (`push_many`) of 1 and of 4 streams, of 1 frame (a reply's
+  first chunks) and of 6 (the steady chunk), each stream past its sliding window: operators
+  and ms per chunk, eager (`off`) and captured (`auto`: captured_code2wav.py), alternating in
+  one run. Under the counter the captured chunk runs as written on CPU (as the talker's frame).
 
 These are the figures that bound a GPU engine (every operator a launch, every sync a stall), and
 they are properties of the code, so they are measured on CPU too (`benchmarks/dispatch_counts.py`).
@@ -156,13 +160,66 @@ def talker_both(omni: Any, runs: int = 3) -> dict[str, Any]:
             "ops_ratio": round(best["auto"]["ops_per_frame"] / max(best["off"]["ops_per_frame"], 1), 3)}
 
 
+# (streams, frames) of the code2wav chunks measured: a reply's first chunks and the steady ones.
+CODE2WAV_CHUNKS = ((1, 1), (1, 6), (4, 1), (4, 6))
+
+
+def code2wav_chunk_costs(code2wav: Any, chunks: tuple[tuple[int, int], ...] = CODE2WAV_CHUNKS, rounds: int = 5,
+                         calls: int = 8) -> dict[str, Any]:
+    """Streaming chunks of `code2wav` eager and captured, on streams warmed past the sliding
+    window, their timed rounds alternating: {"b1_f6": {"off": {ms, ops}, "auto": {...},
+    "ms_ratio"}, ...}; ms per chunk the best of `rounds` rounds of `calls` chunks."""
+    import torch
+
+    from nodes.qwen3_omni.captured_code2wav import attach
+    from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream, push_many
+
+    decoders = {"off": Code2WavDecoder(code2wav), "auto": attach(Code2WavDecoder(code2wav))}
+    quantizers = int(code2wav.config.num_quantizers)
+    codebook = int(code2wav.config.codebook_size)
+    warm = int(code2wav.config.sliding_window) // 6 + 2  # chunks of 6 frames: the KV full
+
+    def push(streams: list[Any], frames: int) -> None:
+        push_many([(stream, torch.randint(0, codebook, (frames, quantizers)), False) for stream in streams])
+
+    figures: dict[str, Any] = {}
+    for count, frames in chunks:
+        streams = {}
+        for graphs, decoder in decoders.items():
+            streams[graphs] = [Code2WavStream(decoder, 6, 6) for _ in range(count)]
+            for _ in range(warm):
+                push(streams[graphs], 6)
+            for stream in streams[graphs]:  # chunks of `frames` from here on
+                stream.first_chunk_frames = stream.chunk_frames = frames
+            if decoder.chunk_unit is not None:
+                decoder.chunk_unit.prepare(count, frames)
+            push(streams[graphs], frames)
+        best = {graphs: float("inf") for graphs in decoders}
+        ops = {}
+        for graphs in decoders:
+            with DispatchCounts(torch.device("cpu")) as counts:
+                push(streams[graphs], frames)
+            ops[graphs] = counts.ops
+        for _ in range(rounds):
+            for graphs in decoders:
+                started = time.perf_counter()
+                for _ in range(calls):
+                    push(streams[graphs], frames)
+                best[graphs] = min(best[graphs], (time.perf_counter() - started) / calls)
+        figures[f"b{count}_f{frames}"] = {
+            **{graphs: {"ms_per_chunk": round(best[graphs] * 1000, 3), "ops_per_chunk": ops[graphs]} for graphs in decoders},
+            "ms_ratio": round(best["auto"] / best["off"], 3),
+        }
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=1, help="the random checkpoint's scale (see thinker_batching)")
     parser.add_argument("--graphs", choices=("auto", "off", "both"), default="auto",
                         help="compute.graphs: auto (captured steps and frames), off (eager), both (one run; "
                              "the thinker timed at batch 1 and 16)")
-    parser.add_argument("--stages", default="thinker,talker", help="which of thinker,talker to measure")
+    parser.add_argument("--stages", default="thinker,talker,code2wav", help="which of thinker,talker,code2wav to measure")
     args = parser.parse_args(argv)
     from benchmarks.thinker_batching import _load
 
@@ -179,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             figures["thinker"] = thinker_step_costs(omni, graphs=args.graphs)
         if "talker" in stages:
             figures["talker"] = talker_frame_costs(omni, graphs=args.graphs)
+    if "code2wav" in stages:
+        figures["code2wav"] = code2wav_chunk_costs(omni.code2wav)
     print(json.dumps(figures, indent=2))
     return 0
 

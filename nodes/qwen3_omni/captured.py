@@ -37,16 +37,15 @@ node through its context.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from nodes.qwen3_omni.capture import Captured, padded_batch, python_modes
 from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
 from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
 from nodes.qwen3_omni.talker_sampling import _RESIDUAL_TOP_K, _RESIDUAL_TOP_P, _top_k, _top_p, residual_codes, talker_codes
@@ -57,22 +56,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
-PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
 KV_SPANS_FROM = 64
 # How a captured frame picks every row's codes: greedy (None) or sampled (temperature, top_k, top_p).
 Pick = tuple[float, int, float] | None
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
-
-
-def padded_batch(rows: int) -> int | None:
-    """The padded batch size `rows` replies run at (None: more than the largest)."""
-    for size in PADDED_BATCHES:
-        if rows <= size:
-            return size
-    return None
 
 
 class FrameInputs:
@@ -371,7 +360,7 @@ class FrameUnit:
         its first use, and again when the cache has grown); a size whose capture failed runs
         this frame as written, and later ones as `capturable` says."""
         rows = inputs.rows.shape[0]
-        if not self.cuda and _python_modes():
+        if not self.cuda and python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the frame runs as written, the same aten calls the trace makes.
             return self.frame(inputs, kv_length, pick=pick)
@@ -519,11 +508,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: to
     return weight * (x * x.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_())
 
 
-def _python_modes() -> bool:
-    """Whether a Python dispatch or function mode is active (a counter, a tracer)."""
-    return torch._C._len_torch_dispatch_stack() > 0 or torch._C._len_torch_function_stack() > 0
-
-
 def static_layers(layers: list[Any], tokens: int, cuda: bool) -> bool:
     """Whether lean decoder layers run the same operators whatever the data for `tokens` rows
     (what a capture needs): no experts chosen on the host; the experts module only on CUDA
@@ -570,14 +554,19 @@ class _Graph:
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
         self.cuda = unit.cuda
-        modules = (unit.talker.talker, unit.talker.thinker_embeddings)
-        self.captured = Captured(lambda *tensors: unit.frame(FrameInputs(*tensors), span, pick=pick),
-                                 self.inputs.tensors(), unit, modules)
+        if self.cuda and unit._pool is None:
+            unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
+
+        def frame(*tensors: torch.Tensor):
+            return unit.frame(FrameInputs(*tensors), span, pick=pick)
+
+        self.captured = Captured(frame, tuple(self.inputs.tensors()), (unit.talker.talker, unit.talker.thinker_embeddings),
+                                 unit._pool)
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
         if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
-            return self.captured.run(inputs.tensors())
+            return self.captured.run(*inputs.tensors())
         static = self.inputs
         for name in FrameInputs.__slots__:
             target, value = getattr(static, name), getattr(inputs, name)
@@ -588,66 +577,9 @@ class _Graph:
         if rows < self.size:  # padding rows: the first row's last column
             static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.slots.cache.capacity - 1)
-        codes, next_embeds, hidden, positions = self.captured.run()
-        if self.cuda:  # the graph's outputs are overwritten by its next replay
+        codes, next_embeds, hidden, positions = self.captured.run(*static.tensors())
+        if self.cuda:  # the graph's static outputs: the next replay overwrites them
             return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
         if rows == self.size:
             return codes, next_embeds, hidden, positions
         return codes[:rows], next_embeds[:rows], hidden[:rows], positions[:, :rows]
-
-
-class Captured:
-    """`function(*static)` (a function of tensors only, every shape fixed) captured once on the
-    static input tensors `static`: a CUDA graph on CUDA (warmed up twice on a side stream, then
-    captured into `owner._pool`, the memory pool `owner`'s graphs share; replay: one launch, on
-    the static buffers), a TorchScript trace on CPU (the recorded aten calls, run from C++ without
-    a Python frame per operator; replay: on any tensors of the static shapes). The parameters of
-    `modules` are recorded as constants. Shared by the talker's frame (`FrameUnit`) and the
-    thinker's decode step (captured_thinker.py)."""
-
-    def __init__(self, function: Callable[..., Any], static: list[torch.Tensor], owner: Any,
-                 modules: tuple[torch.nn.Module, ...]):
-        self.static = static
-        self.cuda = static[0].device.type == "cuda"
-        if self.cuda:
-            device = static[0].device
-            self.graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
-                    function(*static)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            if owner._pool is None:
-                owner._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
-            with torch.cuda.graph(self.graph, pool=owner._pool):
-                self.outputs = function(*static)
-        else:
-            with warnings.catch_warnings(), _weights_as_constants(modules):
-                warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
-                self.trace = torch.jit.trace(function, tuple(static), check_trace=False)
-            for _ in range(2):  # TorchScript profiles the first run and optimizes at the second: not in a step
-                self.trace(*static)
-
-    def run(self, tensors: list[torch.Tensor] | None = None) -> Any:
-        """The outputs on the static inputs (the caller has copied its inputs into them), or on
-        `tensors` (CPU only: the trace takes any tensors of the static shapes). On CUDA the
-        outputs are the graph's own buffers, overwritten by its next replay."""
-        if self.cuda:
-            self.graph.replay()
-            return self.outputs
-        return self.trace(*(self.static if tensors is None else tensors))
-
-
-@contextlib.contextmanager
-def _weights_as_constants(modules: tuple[torch.nn.Module, ...]):
-    """The tracer records the weights as constants, which it refuses to do with tensors that
-    require grad: the modules' parameters do not while it traces."""
-    parameters = [p for module in modules for p in module.parameters() if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)

@@ -4,7 +4,7 @@ Eager, a thinker decode step (batched_thinker.py `ThinkerRunner.answer`) is `Lea
 layers over a `SlotBatch` (whose views, covering ranges and masks are picked on the host from
 the rows' lengths) and then `ThinkerSampler.choose`, one Python call per operator. `StepUnit.step`
 is the same arithmetic as one function of tensors only, every shape fixed by the padded batch
-size and the KV span it reads (captured.py's `PADDED_BATCHES` and `kv_span`): the token
+size and the KV span it reads (capture.py's `PADDED_BATCHES`, captured.py's `kv_span`): the token
 embedding, the rotary of each row's position, the decoder layers (`captured.span_layers`, shared
 with the talker's frame), the final norm, lm_head, and the greedy choice (repetition penalty,
 the banned ids, argmax). Each `Key` (padded size, penalized, KV span, first rows) is captured
@@ -39,17 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.captured import (
-    Captured,
-    _cache_key,
-    _python_modes,
-    _rms_norm,
-    head_weights_of,
-    kv_span,
-    padded_batch,
-    span_layers,
-    static_layers,
-)
+from nodes.qwen3_omni.capture import Captured, padded_batch, python_modes
+from nodes.qwen3_omni.captured import _cache_key, _rms_norm, head_weights_of, kv_span, span_layers, static_layers
 from nodes.qwen3_omni.thinker_requests import Feed
 from nodes.qwen3_omni.thinker_sampling import device_longs
 
@@ -224,7 +215,7 @@ class StepUnit:
 
     def _step(self, inputs: StepInputs, size: int, penalized: bool, kv_length: int, first_rows: bool):
         rows = inputs.rows.shape[0]
-        if not self.cuda and _python_modes():
+        if not self.cuda and python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the step runs as written, the same aten calls the trace makes.
             return self.step(inputs, kv_length, penalized, first_rows)
@@ -328,16 +319,21 @@ class _StepGraph:
         unit.runner.sampler  # built now (its banned masks moved to the device), not inside a CUDA capture
         self.first_rows = first_rows
         self._padding_rows = torch.arange(size, **longs)
-        self.captured = Captured(lambda *tensors: unit.step(StepInputs(*tensors), span, penalized, first_rows),
-                                 self.inputs.tensors(), unit, (thinker,))
+        if self.cuda and unit._pool is None:
+            unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
+
+        def step(*tensors: torch.Tensor):
+            return unit.step(StepInputs(*tensors), span, penalized, first_rows)
+
+        self.captured = Captured(step, tuple(self.inputs.tensors()), (thinker,), unit._pool)
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: StepInputs, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         static = self.inputs
         given = [(name, getattr(inputs, name)) for name in StepInputs.__slots__]
         if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
-            return self.captured.run([static_value if value is None else value
-                                      for (_, value), static_value in zip(given, static.tensors())])
+            return self.captured.run(*[static_value if value is None else value
+                                       for (_, value), static_value in zip(given, static.tensors())])
         for name, value in given:
             if value is not None:
                 getattr(static, name)[:rows].copy_(value, non_blocking=True)
@@ -347,7 +343,7 @@ class _StepGraph:
             else:
                 static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.cache.capacity - 1)
-        logits, tokens = self.captured.run()
+        logits, tokens = self.captured.run(*static.tensors())
         if self.cuda:  # the graph's outputs are overwritten by its next replay
             return logits[:rows].clone(), tokens[:rows].clone()
         if rows == self.size:
