@@ -25,18 +25,16 @@ An `Interrupt` drops the reply's stream at once: no audio of that reply is emitt
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import numpy as np
 import torch
 
-from graph.background import spawn
-from graph.executor import PRIORITY_IDLE
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import Code2WavParams, decode
 from nodes.qwen3_omni.captured_code2wav import attach
 from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream, push_many
@@ -70,8 +68,7 @@ class Code2WavNode(Node):
         attach(self.decoder, getattr(self.context, "graphs", "auto"))
         unit = self.decoder.chunk_unit
         if unit is not None:  # a key's chunk is captured in idle compute, not in a reply's chunk
-            loop = asyncio.get_running_loop()
-            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
+            unit.defer = defer_to_idle_compute(self.context.compute, "code2wav chunk")
         # One shared executor: chunks that sessions decode at the same time share one conv pass.
         self.pushes = self.context.compute.batcher(
             "code2wav", lambda pushes: push_many(pushes), max_batch=self.settings.max_batch
@@ -80,14 +77,6 @@ class Code2WavNode(Node):
     def open_session(self, session: SessionInfo) -> NodeSession:
         return Code2WavSession(self, session)
 
-    def _capture_later(self, capture: Any) -> None:
-        spawn(self._capture(capture), name="code2wav-capture")
-
-    async def _capture(self, capture: Any) -> None:
-        try:
-            await self.context.compute.run(capture, priority=PRIORITY_IDLE)
-        except Exception:  # noqa: BLE001 - the runtime stopped first: chunks stay as written
-            log.debug("code2wav chunk capture did not run", exc_info=True)
 
     def keep_warm(self):
         """A reply's first chunk, decoded from one frame of zero codes on a fresh stream."""

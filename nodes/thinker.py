@@ -92,7 +92,6 @@ Speech requests (`meta.speak`) skip the thinker: the text's tokens go to the tal
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import math
@@ -121,11 +120,10 @@ from graph.messages import (
     TurnDone,
     Usage,
 )
-from graph.background import spawn
-from graph.executor import PRIORITY_IDLE
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import ThinkerParams, as_dict, decode, given
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
 from nodes.qwen3_omni.slot_cache import sessions_at_start
@@ -190,19 +188,10 @@ class Thinker(Node):
         runner.graphs = getattr(self.context, "graphs", "auto")
         unit = runner.step_unit
         if unit is not None:
-            loop = asyncio.get_running_loop()
-            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
+            unit.defer = defer_to_idle_compute(self.context.compute, "thinker step")
         if settings.warmup:
             await self.context.compute.run(self._warm_up)
 
-    def _capture_later(self, capture: Any) -> None:
-        spawn(self._capture(capture), name="thinker-capture")
-
-    async def _capture(self, capture: Any) -> None:
-        try:
-            await self.context.compute.run(capture, priority=PRIORITY_IDLE)
-        except Exception:  # noqa: BLE001 - the runtime stopped first: steps stay eager
-            log.debug("thinker step capture did not run", exc_info=True)
 
     def _kv_sizes(self) -> dict[str, Any]:
         """The slot cache's rows and columns (slot_cache.py). Allocated at start (the model's
