@@ -185,13 +185,13 @@ class FrameUnit:
         cache = self.slots.cache
         made = 0
         with cache.lock:
-            longest = max(cache.lengths[reply._slot] for reply in replies)
+            longest = max(cache.lengths[reply.slot] for reply in replies)
             cache._ensure_capacity(longest + frames + 2)
             for span in sorted({kv_span(longest + 1 + k, cache.capacity) for k in range(frames)}):
                 key = (size, pick, span)
                 graph = self._graphs.get(key)
                 if graph is None or graph.key != _cache_key(cache):
-                    made += self._make(key, replies[0]._slot) is not None
+                    made += self._make(key, replies[0].slot) is not None
         return made
 
     # ------------------------------------------------------------------ one frame of B replies
@@ -205,10 +205,10 @@ class FrameUnit:
         slots = self.slots
         cache = slots.cache
         for reply in replies:
-            if getattr(reply, "_slot", None) is None:
+            if getattr(reply, "slot", None) is None:
                 slots.join(reply)
         with cache.lock:
-            starts = [cache.lengths[reply._slot] for reply in replies]
+            starts = [cache.lengths[reply.slot] for reply in replies]
             # One column more than the rows need: padding rows write the last one (see `_Graph`).
             cache._ensure_capacity(max(starts) + 2)
             inputs = self._inputs(replies, starts)
@@ -218,7 +218,7 @@ class FrameUnit:
             else:
                 outputs = self.frame(inputs, max(starts) + 1, replies)
             for reply, start in zip(replies, starts):
-                cache.lengths[reply._slot] = start + 1
+                cache.lengths[reply.slot] = start + 1
         self.frames += 1
         self.predictor.lean_calls += 1  # the code predictor's lean layers ran (tests read it)
         codes, next_embeds, hidden, positions = outputs
@@ -235,14 +235,14 @@ class FrameUnit:
             else:
                 ids.append(0)
                 kinds.append(TEXT_EOS if text is talker.tts_eos else TEXT_PAD)
-        host = torch.tensor([ids, kinds, [reply._slot for reply in replies], starts])  # one host->device copy
+        host = torch.tensor([ids, kinds, [reply.slot for reply in replies], starts])  # one host->device copy
         device = host.to(self.device, non_blocking=True) if self.cuda else host
         if len(replies) == 1:
             reply = replies[0]
-            prev, positions, seen = reply._next_embeds[0], reply._last_position[:, 0], reply.code_history.mask[None]
+            prev, positions, seen = reply.next_embeds[0], reply.last_position[:, 0], reply.code_history.mask[None]
         else:
-            prev = torch.cat([reply._next_embeds[0] for reply in replies])
-            positions = torch.cat([reply._last_position[:, 0] for reply in replies], dim=1)
+            prev = torch.cat([reply.next_embeds[0] for reply in replies])
+            positions = torch.cat([reply.last_position[:, 0] for reply in replies], dim=1)
             seen = torch.stack([reply.code_history.mask for reply in replies])
         return FrameInputs(prev, device[0], device[1], positions, device[2], device[3], seen, self._penalty(replies))
 
