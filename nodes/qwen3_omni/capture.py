@@ -75,6 +75,24 @@ class Captured:
         return self.trace(*tensors)
 
 
+class PenaltyColumns:
+    """[B, 1] float32 columns of per-row repetition penalties on `device`, made once per
+    combination of values: a captured step copies them in without building a tensor per step.
+    A few combinations recur (the profile's and the sessions' own); past 256 the cache restarts."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self._columns: dict[tuple[float, ...], torch.Tensor] = {}
+
+    def __call__(self, values: tuple[float, ...]) -> torch.Tensor:
+        column = self._columns.get(values)
+        if column is None:
+            if len(self._columns) > 256:
+                self._columns.clear()
+            column = self._columns[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
+        return column
+
+
 @contextlib.contextmanager
 def weights_as_constants(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
     """The tracer records the weights as constants, which it refuses to do with tensors that

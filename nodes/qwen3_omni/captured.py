@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.capture import Captured, padded_batch, python_modes
+from nodes.qwen3_omni.capture import Captured, PenaltyColumns, padded_batch, python_modes
 from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
 from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
 from nodes.qwen3_omni.talker_sampling import _RESIDUAL_TOP_K, _RESIDUAL_TOP_P, _top_k, _top_p, residual_codes, talker_codes
@@ -97,7 +97,7 @@ class FrameUnit:
         self.replays = 0  # of which replayed a captured graph
         self._graphs: dict[tuple[int, Pick, int], _Graph] = {}  # (padded batch, pick, KV span) -> its graph
         self._failed: set[int] = set()
-        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+        self._penalties = PenaltyColumns(self.device)
         # Where a size's capture runs: None, inline in the frame that first needs it; else
         # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
         # written until it has run.
@@ -247,15 +247,9 @@ class FrameUnit:
         return FrameInputs(prev, device[0], device[1], positions, device[2], device[3], seen, self._penalty(replies))
 
     def _penalty(self, replies: list[Any]) -> torch.Tensor:
-        """[B, 1] repetition penalties, made once per combination (a handful: the profile's and
+        """[B, 1] repetition penalties of `replies` (a handful of combinations: the profile's and
         the replies' own)."""
-        values = tuple(float(reply.sampling.repetition_penalty) for reply in replies)
-        cached = self._penalties.get(values)
-        if cached is None:
-            if len(self._penalties) > 256:
-                self._penalties.clear()
-            cached = self._penalties[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
-        return cached
+        return self._penalties(tuple(float(reply.sampling.repetition_penalty) for reply in replies))
 
     # ------------------------------------------------------------------ the unit itself
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from nodes.qwen3_omni.capture import Captured, padded_batch, python_modes
+from nodes.qwen3_omni.capture import Captured, PenaltyColumns, padded_batch, python_modes
 from nodes.qwen3_omni.captured import _cache_key, _rms_norm, head_weights_of, kv_span, span_layers, static_layers
 from nodes.qwen3_omni.thinker_requests import Feed
 from nodes.qwen3_omni.thinker_sampling import device_longs
@@ -99,7 +99,7 @@ class StepUnit:
         self.replayed_rows, self.replayed_key = 0, None  # the rows and key of the last replay
         self._graphs: dict[Key, _StepGraph] = {}
         self._failed: set[int] = set()
-        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+        self._penalties = PenaltyColumns(self.device)
         # Where a capture runs: None, inline in the step that first needs it; else `defer(capture)`
         # queues it (the thinker node: as idle compute) and steps run as written until it has run.
         self.defer: Callable[[Callable[[], None]], None] | None = None
@@ -194,17 +194,8 @@ class StepUnit:
         if penalized:
             blank = self._unseen
             seen = torch.stack([blank if c is None or c.seen is None else c.seen for c in choices])
-            penalty = self._penalty(tuple(1.0 if c is None else float(c.sampling.repetition_penalty) for c in choices))
+            penalty = self._penalties(tuple(1.0 if c is None else float(c.sampling.repetition_penalty) for c in choices))
         return StepInputs(ids, positions, rows, starts_t, ignore_eos, seen, penalty)
-
-    def _penalty(self, values: tuple[float, ...]) -> torch.Tensor:
-        """[B, 1] repetition penalties, made once per combination."""
-        cached = self._penalties.get(values)
-        if cached is None:
-            if len(self._penalties) > 256:
-                self._penalties.clear()
-            cached = self._penalties[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
-        return cached
 
     def _first_rows(self, slots: list[int], size: int) -> bool:
         """Whether a step on `slots` reads the cache's first `size` rows in place: they are its
