@@ -21,6 +21,9 @@ server adds (and, with batching, what concurrency buys back):
   syncs of one decode step of 16 sessions; `talker.ops_per_frame` and `talker.ms_per_frame`,
   one talker frame (its code predictor's included) of one reply, `step_replies` alone. The
   talker's frames inside the spoken turn are `talker.reply_ms_per_frame` / `reply_frames_per_s`.
+  `code2wav.chunk_ms` / `chunk_ops` and `chunk_ms_captured` / `chunk_ops_captured`: one
+  steady streaming chunk (6 frames) of one reply, eager and captured (`compute: {graphs: auto}`,
+  captured_code2wav.py), alternating in one run (the spoken turn's chunks run eager).
 
 `nodes` (and torch) are imported only inside this module's functions: `benchmarks` sits beside
 the server's layers, and the other scenarios never load a model in the harness process.
@@ -71,7 +74,7 @@ def run(config: str | None, quick: bool = False, seed: int = 0, deadline: float 
         best = min(good, key=lambda r: r["reply"]["first_audio_ms"])
         results.update(best)
     costs = _guarded(step_cost_figures, omni, quick)
-    for name in ("thinker", "talker"):
+    for name in ("thinker", "talker", "code2wav"):
         section = results[name] = dict(results.get(name) or {})
         if "skipped" in costs:
             section["step_costs_skipped"] = costs["skipped"]
@@ -298,11 +301,14 @@ def step_cost_figures(omni: Any, quick: bool = False) -> dict[str, Any]:
     """The step costs under their interface names (see the module docstring): the median decode
     step of 16 sessions, the best of three runs of talker frames (fewer steps and frames when
     `quick`: the counts are the same, the time per frame noisier)."""
-    from benchmarks.step_costs import TALKER_FRAMES, talker_frame_costs, thinker_step_costs
+    from benchmarks.step_costs import TALKER_FRAMES, code2wav_chunk_costs, talker_frame_costs, thinker_step_costs
 
     thinker = thinker_step_costs(omni, sessions=16, steps=2 if quick else 4)
     talker = talker_frame_costs(omni, frames=8 if quick else TALKER_FRAMES)
+    chunk = code2wav_chunk_costs(omni.code2wav, chunks=((1, 6),), rounds=2 if quick else 5)["b1_f6"]
     return {
+        "code2wav": {"chunk_ms": chunk["off"]["ms_per_chunk"], "chunk_ops": chunk["off"]["ops_per_chunk"],
+                     "chunk_ms_captured": chunk["auto"]["ms_per_chunk"], "chunk_ops_captured": chunk["auto"]["ops_per_chunk"]},
         "thinker": {"ops_per_step_16": thinker["ops_per_step"],
                     "host_syncs_per_step": thinker["host_syncs_per_step"]},
         "talker": {"ms_per_frame": talker["ms_per_frame"], "ops_per_frame": talker["ops_per_frame"],

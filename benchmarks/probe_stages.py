@@ -13,6 +13,8 @@ Every step goes through the project's own model code, as the engines call it:
   (nodes/qwen3_omni/captured.py: a CUDA graph per padded batch on CUDA), reported with how many
   of its frames were replayed;
 - `code2wav_chunk`: a `Code2WavStream.push` of one streaming chunk (6 frames, 480 ms of audio);
+  with `compute: {graphs: auto}` one captured chunk unit (nodes/qwen3_omni/captured_code2wav.py),
+  reported with how many of its chunks were replayed;
 - `audio_encoder`: `encode_turns` of 5 s of 16 kHz audio's log-mel features.
 
 Costs (`StageCost`) are lower bounds from the configuration: the weights a step must read once
@@ -169,9 +171,16 @@ def talker_frame(omni: Any, batch: int, calls: int) -> Prepared | str:
 
 
 def code2wav_chunk(omni: Any) -> Prepared | str:
+    from nodes.qwen3_omni.captured_code2wav import attach
+    from nodes.qwen3_omni.compute_graphs import graphs_of
     from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream
 
-    decoder = Code2WavDecoder(omni.code2wav)
+    graphs = graphs_of(omni.model)
+    decoder = attach(Code2WavDecoder(omni.code2wav), graphs)
+    unit = decoder.chunk_unit
+    if unit is not None:  # captured: what the timed chunks replay (the first, then the later ones) first
+        unit.prepare(1, CODE2WAV_CHUNK_FRAMES, first=True)
+        unit.prepare(1, CODE2WAV_CHUNK_FRAMES)
     config = omni.config.code2wav_config
     stream = Code2WavStream(decoder, first_chunk_frames=CODE2WAV_CHUNK_FRAMES, chunk_frames=CODE2WAV_CHUNK_FRAMES)
     codes = torch.randint(0, config.codebook_size, (CODE2WAV_CHUNK_FRAMES, config.num_quantizers))
@@ -179,7 +188,8 @@ def code2wav_chunk(omni: Any) -> Prepared | str:
     flops = counted_flops(step)
     read = sum(p.numel() * p.element_size() for p in omni.code2wav.parameters())
     return Prepared(step, StageCost(read, flops), {"frames": CODE2WAV_CHUNK_FRAMES,
-                                                  "audio_ms": CODE2WAV_CHUNK_FRAMES * decoder.samples_per_frame / 24})
+                                                  "audio_ms": CODE2WAV_CHUNK_FRAMES * decoder.samples_per_frame / 24},
+                    lambda: {"graphs": graphs, "replayed_chunks": 0 if unit is None else unit.replays})
 
 
 def audio_encoder(omni: Any) -> Prepared | str:

@@ -66,7 +66,7 @@ def bench_profile(config: str | None, max_sessions: int, max_seq_len: int | None
         for resource in models:
             resource.setdefault("params", {})["kv_cache"] = kv_cache
         if kv_cache == "preallocate":
-            from nodes.qwen3_omni.model import ReplyBounds
+            from nodes.qwen3_omni.bounds import ReplyBounds
 
             longest = limits.get("max_seq_len") or max(
                 (int(r.get("params", {}).get("max_seq_len") or ReplyBounds.max_seq_len) for r in models), default=ReplyBounds.max_seq_len)

@@ -1,13 +1,20 @@
 """What one engine step costs the host: aten operators, host syncs and wall time per step.
 
-    .venv/bin/python -m benchmarks.step_costs [--graphs auto|off|both]
+    .venv/bin/python -m benchmarks.step_costs [--graphs auto|off|both] [--stages thinker,talker,code2wav]
 
 - `thinker`: one decode step of 16 sessions through the executor's batch function (`run_calls`,
-  the function the thinker node's shared executor runs): operators and host syncs per step.
+  the function the thinker node's shared executor runs): operators and host syncs per step, with
+  `compute: {graphs}` as `--graphs` says (auto: the captured step, nodes/qwen3_omni/
+  captured_thinker.py; off: eager; both: each, alternating, with ms per step at batch 1 and 16,
+  under `thinker.b1.off`, `thinker.b16.auto`, ...).
 - `talker`: one frame of one reply (`step_replies`: the talker forward, its code, the code
   predictor's residual codes): operators, host syncs and ms per frame, with the profile's
   `compute: {graphs}` as `--graphs` says (auto: the captured frame, nodes/qwen3_omni/captured.py;
   off: eager; both: each, alternating in one run, under `talker.off` / `talker.auto`).
+- `code2wav`: one streaming chunk (`push_many`) of 1 and of 4 streams, of 1 frame (a reply's
+  first chunks) and of 6 (the steady chunk), each stream past its sliding window: operators
+  and ms per chunk, eager (`off`) and captured (`auto`: captured_code2wav.py), alternating in
+  one run. Under the counter the captured chunk runs as written on CPU (as the talker's frame).
 
 These are the figures that bound a GPU engine (every operator a launch, every sync a stall), and
 they are properties of the code, so they are measured on CPU too (`benchmarks/dispatch_counts.py`).
@@ -24,37 +31,76 @@ from typing import Any
 from benchmarks.dispatch_counts import DispatchCounts
 
 THINKER_BATCH = 16
+# Steps timed per run of the thinker's ms per step (`--graphs both`).
+THINKER_STEPS = 16
 # Frames timed per measurement of the talker's ms per frame (after as many to warm up).
 TALKER_FRAMES = 24
 
 
-def thinker_step_costs(omni: Any, sessions: int = THINKER_BATCH, steps: int = 4) -> dict[str, Any]:
+def thinker_step_costs(omni: Any, sessions: int = THINKER_BATCH, steps: int = 4, graphs: str | None = None,
+                       timed: int = 0, runs: int = 3) -> dict[str, Any]:
     """Operators and host syncs of one decode step of `sessions` sessions at once (the median
-    step of `steps`, after one step that is not counted)."""
+    step of `steps`, after one step that is not counted), with `compute: {graphs}` = `graphs`
+    (None: the runner's setting). Under the counter the captured step runs as written on CPU
+    (the trace cannot run under a Python dispatch mode): the same aten calls, counted. With
+    `timed`: also ms per step, the best of `runs` runs of `timed` steps (what they replay is
+    captured before them)."""
     from nodes.qwen3_omni.batched_thinker import ThinkerRunner, _Call, run_calls
     from nodes.qwen3_omni.inputs import build_turn_inputs
     from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerSession
+    from nodes.qwen3_omni.thinker_requests import Choice, Feed
 
     runner = ThinkerRunner.for_model(omni)
+    setting = runner.graphs
+    if graphs is not None:
+        runner.graphs = graphs
     opened = []
     for index in range(sessions):
         text = " ".join(f"word{(index + w) % 97}" for w in range(6 + index % 5))
         turn = build_turn_inputs(omni, system_prompt="You are terse.", text=text, add_generation_prompt=True)
-        session = ThinkerSession(omni, Sampling(ignore_eos=True), max_reply_tokens=steps + 4, max_seq_len=4096)
+        session = ThinkerSession(omni, Sampling(ignore_eos=True), max_reply_tokens=steps + runs * timed + 8,
+                                 max_seq_len=4096)
         session.prefill(turn.tensors())
         opened.append(session)
+    best = float("inf")
     try:
         _step(runner, run_calls, _Call, opened)  # the first token comes from the prefill's logits
+        _step(runner, run_calls, _Call, opened)  # the first feeds (capture what they replay)
         counted = []
         for _ in range(steps):
             with DispatchCounts(omni.device) as counts:
                 _step(runner, run_calls, _Call, opened)
             counted.append((counts.ops, counts.host_syncs))
+        unit = runner.step_unit
+        replays = 0 if unit is None else unit.replays
+        for _ in range(runs if timed else 0):
+            if unit is not None:
+                unit.prepare([Feed(s._slot, 0, 0, s, Choice(s.sampling)) for s in opened], timed + 1)
+            started = time.perf_counter()
+            for _ in range(timed):
+                _step(runner, run_calls, _Call, opened)
+            best = min(best, (time.perf_counter() - started) / timed)
+        replays = (0 if unit is None else unit.replays) - replays
     finally:
+        runner.graphs = setting
         for session in opened:
             session.close()
     ops, syncs = sorted(counted)[len(counted) // 2]
-    return {"batch": sessions, "ops_per_step": ops, "host_syncs_per_step": syncs}
+    figures = {"batch": sessions, "graphs": graphs or setting, "ops_per_step": ops, "host_syncs_per_step": syncs}
+    if timed:
+        figures.update(ms_per_step=round(best * 1000, 3), replayed_steps=replays)
+    return figures
+
+
+def thinker_both(omni: Any, sessions: int, timed: int = THINKER_STEPS, rounds: int = 3) -> dict[str, Any]:
+    """The eager and the captured thinker step of `sessions` sessions in one run, alternating
+    (the machine is shared: a slow moment hits both); each the best of `rounds` x 2 runs."""
+    results: dict[str, list[dict[str, Any]]] = {"off": [], "auto": []}
+    for _ in range(rounds):
+        for graphs in results:
+            results[graphs].append(thinker_step_costs(omni, sessions, steps=1, graphs=graphs, timed=timed, runs=2))
+    best = {graphs: min(figures, key=lambda f: f["ms_per_step"]) for graphs, figures in results.items()}
+    return {**best, "ms_ratio": round(best["auto"]["ms_per_step"] / best["off"]["ms_per_step"], 3)}
 
 
 def _step(runner: Any, run_calls: Any, call: Any, sessions: list[Any]) -> None:
@@ -114,17 +160,85 @@ def talker_both(omni: Any, runs: int = 3) -> dict[str, Any]:
             "ops_ratio": round(best["auto"]["ops_per_frame"] / max(best["off"]["ops_per_frame"], 1), 3)}
 
 
+# (streams, frames) of the code2wav chunks measured: a reply's first chunks and the steady ones.
+CODE2WAV_CHUNKS = ((1, 1), (1, 6), (4, 1), (4, 6))
+
+
+def code2wav_chunk_costs(code2wav: Any, chunks: tuple[tuple[int, int], ...] = CODE2WAV_CHUNKS, rounds: int = 5,
+                         calls: int = 8) -> dict[str, Any]:
+    """Streaming chunks of `code2wav` eager and captured, on streams warmed past the sliding
+    window, their timed rounds alternating: {"b1_f6": {"off": {ms, ops}, "auto": {...},
+    "ms_ratio"}, ...}; ms per chunk the best of `rounds` rounds of `calls` chunks."""
+    import torch
+
+    from nodes.qwen3_omni.captured_code2wav import attach
+    from nodes.qwen3_omni.code2wav_stream import Code2WavDecoder, Code2WavStream, push_many
+
+    decoders = {"off": Code2WavDecoder(code2wav), "auto": attach(Code2WavDecoder(code2wav))}
+    quantizers = int(code2wav.config.num_quantizers)
+    codebook = int(code2wav.config.codebook_size)
+    warm = int(code2wav.config.sliding_window) // 6 + 2  # chunks of 6 frames: the KV full
+
+    def push(streams: list[Any], frames: int) -> None:
+        push_many([(stream, torch.randint(0, codebook, (frames, quantizers)), False) for stream in streams])
+
+    figures: dict[str, Any] = {}
+    for count, frames in chunks:
+        streams = {}
+        for graphs, decoder in decoders.items():
+            streams[graphs] = [Code2WavStream(decoder, 6, 6) for _ in range(count)]
+            for _ in range(warm):
+                push(streams[graphs], 6)
+            for stream in streams[graphs]:  # chunks of `frames` from here on
+                stream.first_chunk_frames = stream.chunk_frames = frames
+            if decoder.chunk_unit is not None:
+                decoder.chunk_unit.prepare(count, frames)
+            push(streams[graphs], frames)
+        best = {graphs: float("inf") for graphs in decoders}
+        ops = {}
+        for graphs in decoders:
+            with DispatchCounts(torch.device("cpu")) as counts:
+                push(streams[graphs], frames)
+            ops[graphs] = counts.ops
+        for _ in range(rounds):
+            for graphs in decoders:
+                started = time.perf_counter()
+                for _ in range(calls):
+                    push(streams[graphs], frames)
+                best[graphs] = min(best[graphs], (time.perf_counter() - started) / calls)
+        figures[f"b{count}_f{frames}"] = {
+            **{graphs: {"ms_per_chunk": round(best[graphs] * 1000, 3), "ops_per_chunk": ops[graphs]} for graphs in decoders},
+            "ms_ratio": round(best["auto"] / best["off"], 3),
+        }
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=int, default=1, help="the random checkpoint's scale (see thinker_batching)")
     parser.add_argument("--graphs", choices=("auto", "off", "both"), default="auto",
-                        help="the talker's compute.graphs: auto (captured frames), off (eager), both (one run)")
+                        help="compute.graphs: auto (captured steps and frames), off (eager), both (one run; "
+                             "the thinker timed at batch 1 and 16)")
+    parser.add_argument("--stages", default="thinker,talker,code2wav", help="which of thinker,talker,code2wav to measure")
     args = parser.parse_args(argv)
     from benchmarks.thinker_batching import _load
 
     omni = _load(args.scale)
-    talker = talker_both(omni) if args.graphs == "both" else talker_frame_costs(omni, graphs=args.graphs)
-    print(json.dumps({"thinker": thinker_step_costs(omni), "talker": talker}, indent=2))
+    stages = args.stages.split(",")
+    figures: dict[str, Any] = {}
+    if args.graphs == "both":
+        if "thinker" in stages:
+            figures["thinker"] = {f"b{sessions}": thinker_both(omni, sessions) for sessions in (1, THINKER_BATCH)}
+        if "talker" in stages:
+            figures["talker"] = talker_both(omni)
+    else:
+        if "thinker" in stages:
+            figures["thinker"] = thinker_step_costs(omni, graphs=args.graphs)
+        if "talker" in stages:
+            figures["talker"] = talker_frame_costs(omni, graphs=args.graphs)
+    if "code2wav" in stages:
+        figures["code2wav"] = code2wav_chunk_costs(omni.code2wav)
+    print(json.dumps(figures, indent=2))
     return 0
 
 

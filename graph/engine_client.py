@@ -44,7 +44,7 @@ from graph.metrics import GraphMetrics
 from graph.session import belongs_to
 from graph.runtime import admit, capacity_of, validated_spec, wait_for_slot
 from graph.spec import GraphSpec
-from graph.wire import CREDIT, Link, LinkClosed, Window, credit_delay_s
+from graph.wire import Link, LinkClosed, Op, Window, credit_delay_s
 
 log = logging.getLogger("graph.engines")
 
@@ -101,7 +101,7 @@ class RemoteSession:
         message.session_id = self.id
         if isinstance(message, AudioChunk) and message.received_at is None:
             message.received_at = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the engine
-        self.engine.link.send("send", self.id, (input_name, message), within_s=AUDIO_BATCH_S if isinstance(message, AudioChunk) else 0.0)
+        self.engine.link.send(Op.SEND, self.id, (input_name, message), within_s=AUDIO_BATCH_S if isinstance(message, AudioChunk) else 0.0)
 
     def control(self, control: Control) -> None:
         """Deliver a control now, ahead of queued input and output."""
@@ -115,7 +115,7 @@ class RemoteSession:
                 self._output = collections.deque(kept)
         if isinstance(control, Close):
             self._closing = True
-        self.engine.link.send("control", self.id, control)
+        self.engine.link.send(Op.CONTROL, self.id, control)
 
     async def outputs(self) -> AsyncIterator[Message]:
         """Messages from the graph's outputs, in order; ends once the session has ended."""
@@ -133,7 +133,7 @@ class RemoteSession:
         """End the session and wait until the engine has freed it. Idempotent."""
         if not self._closing and not self.ended.is_set():
             self._closing = True
-            self.engine.link.send("close", self.id, reason)
+            self.engine.link.send(Op.CLOSE, self.id, reason)
         await self.ended.wait()
 
     # ------------------------------------------------------------------ from the engine
@@ -192,14 +192,14 @@ class EngineHandle:
         finally:
             child.close()
         self.link = await Link.over(parent)
-        self.link.send("start", "", {"profile": profile, "device": self.device})  # pickled: a copy
+        self.link.send(Op.START, "", {"profile": profile, "device": self.device})  # pickled: a copy
         try:
             records = await self.link.receive()
         except LinkClosed:
             code = await asyncio.to_thread(self.process.wait)
             raise RuntimeError(f"{self.name} exited with code {code} while starting") from None
         op, _, payload = records[0]
-        if op != "ready":
+        if op is not Op.READY:
             raise RuntimeError(f"{self.name} failed to start: {payload}")
         self.facts = payload
         self.load = EngineLoads()
@@ -217,7 +217,7 @@ class EngineHandle:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[session.id] = future
         self.sessions[session.id] = session
-        self.link.send("open", session.id, (session.kind, dict(config or {}), inputs, output_window))
+        self.link.send(Op.OPEN, session.id, (session.kind, dict(config or {}), inputs, output_window))
         try:
             op, payload = await future
         except BaseException:
@@ -225,7 +225,7 @@ class EngineHandle:
             raise
         finally:
             self._replies.pop(session.id, None)
-        if op == "rejected":
+        if op is Op.REJECTED:
             self.sessions.pop(session.id, None)
             raise SessionRejected(*payload)
 
@@ -233,7 +233,7 @@ class EngineHandle:
         if not self.ready or self.link.closed:
             return
         self._drained = asyncio.get_running_loop().create_future()
-        self.link.send("drain", "", grace_s)
+        self.link.send(Op.DRAIN, "", grace_s)
         with contextlib.suppress(LinkClosed):
             await self._drained
 
@@ -242,21 +242,21 @@ class EngineHandle:
         try:
             while True:
                 for op, session_id, payload in await self.link.receive():
-                    if op == "out":
+                    if op is Op.OUT:
                         if (session := self.sessions.get(session_id)) is not None:
                             session._received(payload)
-                    elif op == CREDIT:
+                    elif op is Op.CREDIT:
                         for (credited_id, input_name), n in payload.items():
                             if (session := self.sessions.get(credited_id)) is not None:
                                 session._credited(input_name, n)
-                    elif op == "ended":
+                    elif op is Op.ENDED:
                         if (session := self.sessions.pop(session_id, None)) is not None:
                             session._end(*payload)
                             on_session_end(session)
-                    elif op in ("opened", "rejected"):
+                    elif op in (Op.OPENED, Op.REJECTED):
                         if (future := self._replies.get(session_id)) is not None and not future.done():
                             future.set_result((op, payload))
-                    elif op == "stats":
+                    elif op is Op.STATS:
                         self.queue_depths = payload["queue_depths"]
                         self.batch_counts = payload.get("batch_counts", {})
                         self.node_counters = payload.get("node_counters", {})
@@ -264,7 +264,7 @@ class EngineHandle:
                             metrics.node_steps(node, seconds)
                         if "load" in payload:
                             self.load.report(LoadSnapshot(**payload["load"]))
-                    elif op == "drained":
+                    elif op is Op.DRAINED:
                         if self._drained is not None and not self._drained.done():
                             self._drained.set_result(None)
         except LinkClosed:
@@ -275,7 +275,7 @@ class EngineHandle:
     def fail_sessions(self, code: str, message: str, on_session_end) -> None:
         for future in self._replies.values():
             if not future.done():
-                future.set_result(("rejected", (code, message)))
+                future.set_result((Op.REJECTED, (code, message)))
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         sessions, self.sessions = self.sessions, {}

@@ -2,15 +2,17 @@
 
 `python -m graph.engine_process --fd N` is started by the server (graph/engine_client.py) with
 one end of a socket pair. The first record names the profile; the engine builds its runtime
-from it, answers `ready` (or `failed`), and from then on hosts the sessions the server opens:
+from it, answers `READY` (or `FAILED`), and from then on hosts the sessions the server opens:
 
-    server -> engine                         engine -> server
-    ("open", id, (kind, config, inputs, n))  ("opened", id, None) | ("rejected", id, (code, message))
-    ("send", id, (input, message))           ("out", id, message)          graph output, in order
-    ("control", id, control)                 ("ended", id, (reason, error))
-    ("close", id, reason)                    ("stats", "", {...})          queue depths, node step times, batch counts, load
-    ("drain", "", grace_s)                   ("drained", "", None)
-    ("credit", "", {id: n})                  ("credit", "", {(id, input): n})  messages taken (graph/wire.py)
+    server -> engine                            engine -> server
+    (OPEN, id, (kind, config, inputs, n))       (OPENED, id, None) | (REJECTED, id, (code, message))
+    (SEND, id, (input, message))                (OUT, id, message)          graph output, in order
+    (CONTROL, id, control)                      (ENDED, id, (reason, error))
+    (CLOSE, id, reason)                         (STATS, "", {...})          queue depths, node step times, batch counts, load
+    (DRAIN, "", grace_s)                        (DRAINED, "", None)
+    (CREDIT, "", {id: n})                       (CREDIT, "", {(id, input): n})  messages taken
+
+(the ops are graph/wire.py's `Op`).
 
 Inputs wait in a queue per session and graph input here until the node they go to has room: a
 session whose graph is backed up holds up no other session, and a reply request on `replies`
@@ -43,7 +45,7 @@ from graph.messages import Interrupt, Message
 from graph.metrics import GraphMetrics
 from graph.runtime import GraphRuntime
 from graph.session import GraphSession, belongs_to
-from graph.wire import CREDIT, Link, LinkClosed, Window, credit_delay_s
+from graph.wire import Link, LinkClosed, Op, Window, credit_delay_s
 
 log = logging.getLogger("graph.engine")
 
@@ -134,11 +136,11 @@ class _Hosted:
         session = self.session
         async for message in session.outputs():
             await self.outputs.take()
-            self.link.send("out", session.id, message)
+            self.link.send(Op.OUT, session.id, message)
         await session.ended.wait()
         for entry in self.inputs.values():
             entry.task.cancel()
-        self.link.send("ended", session.id, (session.end_reason, session.error))
+        self.link.send(Op.ENDED, session.id, (session.end_reason, session.error))
 
 
 class EngineServer:
@@ -162,27 +164,27 @@ class EngineServer:
 
     def _handle(self, op: str, session_id: str, payload: Any) -> None:
         hosted = self.hosted.get(session_id)
-        if op == "send":
+        if op is Op.SEND:
             if hosted is not None:
                 hosted.queue(*payload)
             else:  # ended meanwhile: the input is dropped, its credit returned
                 self.link.credit((session_id, payload[0]))
-        elif op == "control":
+        elif op is Op.CONTROL:
             if hosted is not None:
                 if isinstance(payload, Interrupt):
                     hosted.interrupt(payload)
                 hosted.session.control(payload)
-        elif op == CREDIT:
+        elif op is Op.CREDIT:
             for credited_id, n in payload.items():
                 if (target := self.hosted.get(credited_id)) is not None:
                     target.outputs.give(n)
-        elif op == "open":
+        elif op is Op.OPEN:
             spawn(self._open(session_id, *payload), name=f"{session_id}:open")
-        elif op == "close":
+        elif op is Op.CLOSE:
             if hosted is not None:
                 hosted.outputs.open_wide()
                 spawn(hosted.session.close(payload), name=f"{session_id}:close")
-        elif op == "drain":
+        elif op is Op.DRAIN:
             spawn(self._drain(payload), name="engine-drain")
         else:
             log.error("engine: unknown record %r", op)
@@ -192,24 +194,24 @@ class EngineServer:
         try:
             session = await self.runtime.open_session(session_id, kind, config, inputs)
         except SessionRejected as rejected:
-            self.link.send("rejected", session_id, (rejected.code, rejected.message))
+            self.link.send(Op.REJECTED, session_id, (rejected.code, rejected.message))
             return
         except Exception as exc:  # noqa: BLE001 - a session that cannot open must not end the engine
             log.exception("engine: opening session %s failed", session_id)
-            self.link.send("rejected", session_id, ("internal_error", f"the session could not start: {exc}"))
+            self.link.send(Op.REJECTED, session_id, ("internal_error", f"the session could not start: {exc}"))
             return
         hosted = self.hosted[session_id] = _Hosted(session, self.link, output_window)
         hosted.pump.add_done_callback(lambda _: self.hosted.pop(session_id, None))
-        self.link.send("opened", session_id)
+        self.link.send(Op.OPENED, session_id)
 
     async def _drain(self, grace_s: float | None) -> None:
         await self.runtime.drain(grace_s)
-        self.link.send("drained")
+        self.link.send(Op.DRAINED)
 
     async def _report_stats(self) -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL_S)
-            self.link.send("stats", "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take(),
+            self.link.send(Op.STATS, "", {"queue_depths": self.runtime.queue_depths(), "node_steps": self.steps.take(),
                                          "batch_counts": self.runtime.batch_counts(),
                                          "node_counters": self.runtime.node_counters(),
                                          "load": msgspec.structs.asdict(self.runtime.load())})
@@ -246,12 +248,12 @@ async def _main(fd: int, name: str) -> int:
         await runtime.start()
     except Exception as exc:  # noqa: BLE001 - reported to the server, which decides
         log.debug("%s: start failed", name, exc_info=exc)  # the server logs the one-line reason
-        link.send("failed", "", f"{type(exc).__name__}: {exc}")
+        link.send(Op.FAILED, "", f"{type(exc).__name__}: {exc}")
         await link.drain()
         return 1
     heap.settle()  # the loaded model must not stall the loop in a full garbage collection
     link.credit_delay_s = credit_delay_s(min(runtime.limits.edge_capacity, runtime.limits.output_capacity))
-    link.send("ready", "", {"resources": resource_facts(runtime), "kv_rows": runtime.kv_rows()})  # the server logs the time
+    link.send(Op.READY, "", {"resources": resource_facts(runtime), "kv_rows": runtime.kv_rows()})  # the server logs the time
     await EngineServer(link, runtime, steps).serve()
     return 0
 

@@ -17,6 +17,7 @@ not yet part of a turn) and its media time in milliseconds on the session's inpu
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -460,21 +461,29 @@ class Close(Control, kw_only=True):
     reason: str = "closed"
 
 
+class Stage(StrEnum):
+    """The part of a graph that a `Command` is for. Its node acts on it, whatever node type fills
+    that part in a profile; every other node forwards it."""
+
+    VAD = "vad"  # nodes/vad.py: turn detection settings
+    DIALOG = "dialog"  # nodes/dialog.py: the conversation's items, commits, replies
+
+
 class Command(Message, kw_only=True):
     """Base of a transport's instructions to a node: one subclass per instruction, below.
 
     Commands are data, not controls: they travel the input path in order with the audio, so a
     `Commit` sent after some appends always sees those appends. Nodes forward the commands they
-    do not act on. `target` names the node type that should act on it (the dialog by default,
-    except for `Configure`, which names its node). An interrupt never drops a queued command (graph/session.py).
+    do not act on. `target` is the `Stage` that acts on it (the dialog by default, except for
+    `Configure`, which names its stage). An interrupt never drops a queued command (graph/session.py).
     """
 
-    target: str
+    target: Stage
 
 
 class Configure(Command, kw_only=True):
     """The session's graph config (the protocol's `graph_config()`: `turn_detection`,
-    `instructions`, `tools`, `auto_reply`, `transcription`...), for the node `target` names."""
+    `instructions`, `tools`, `auto_reply`, `transcription`...), for the stage `target` names."""
 
     config: dict[str, Any]
 
@@ -482,13 +491,13 @@ class Configure(Command, kw_only=True):
 class Commit(Command, kw_only=True):
     """End the utterance buffered so far and make it a turn (`input_audio_buffer.commit`)."""
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
 
 
 class Clear(Command, kw_only=True):
     """Drop the utterance buffered so far (`input_audio_buffer.clear`)."""
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
 
 
 class AddItem(Command, kw_only=True):
@@ -499,7 +508,7 @@ class AddItem(Command, kw_only=True):
     output in `text`. `insert_after` as `Turn.insert_after` (None: at the end).
     """
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
     item_id: str
     role: str
     text: str | None = None
@@ -513,7 +522,7 @@ class AddItem(Command, kw_only=True):
 class DeleteItem(Command, kw_only=True):
     """Remove an item from the model's history: a reply's item by its `response_id`, else by `item_id`."""
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
     item_id: str
     response_id: str | None = None
 
@@ -521,14 +530,14 @@ class DeleteItem(Command, kw_only=True):
 class CreateResponse(Command, kw_only=True):
     """Answer now, over everything the conversation holds (`response.create`)."""
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
     reply: ReplyParams
 
 
 class InputEnd(Command, kw_only=True):
     """The client's input audio ended: what is left of the utterance becomes a last turn."""
 
-    target: str = "dialog"
+    target: Stage = Stage.DIALOG
 
 
 DATA_TYPES: dict[str, type[Message]] = {

@@ -56,7 +56,8 @@ class GraphConfigErrors(GraphConfigError):
 DEFAULT_COMPUTE_THREADS = 1
 DEFAULT_LOOKAHEAD_MS = 500
 DEFAULT_ENGINES = 1
-# `compute: {graphs}`: what the nodes' model steps run as (nodes/qwen3_omni/captured.py).
+# `compute: {graphs}`: what the nodes' model steps run as (nodes/qwen3_omni/captured.py,
+# captured_code2wav.py).
 GRAPHS = ("auto", "off")
 
 
@@ -119,7 +120,8 @@ class GraphSpec:
     # stops and first audio, written to DIR at stop (graph/unit_trace.py); null: off.
     compute_unit_trace: str | None = None
     # `compute: {graphs: auto | off}`: "auto" runs the model steps a node has captured forms of
-    # as captured graphs (CUDA graphs on CUDA; the talker's frame: nodes/qwen3_omni/captured.py);
+    # as captured graphs (CUDA graphs on CUDA; the talker's frame: nodes/qwen3_omni/captured.py,
+    # code2wav's chunk: captured_code2wav.py);
     # "off" runs every step eagerly. Nodes read it from their context (`NodeContext.graphs`).
     compute_graphs: str = "auto"
 

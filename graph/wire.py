@@ -1,7 +1,8 @@
 """The link between the server process and an engine process: batched records over a socket.
 
-A record is a small tuple, `(op, session_id, payload)`, whose payload is a graph message or
-plain data. Records written during one turn of the event loop go out as one frame (a 4-byte
+A record is a small tuple, `(op, session_id, payload)`: `op` an `Op` (what the record is; each
+member says which way it goes and what its payload holds), the payload a graph message or plain
+data. Records written during one turn of the event loop go out as one frame (a 4-byte
 length, then a pickle of the list), so a burst of audio appends from many sessions costs one
 write and one read, not one per message. A record sent `within_s` (the server's audio appends)
 and credit may wait that long for the next frame: each frame is also a wake-up of the process
@@ -24,12 +25,35 @@ import asyncio
 import pickle
 import struct
 from collections.abc import Hashable
+from enum import StrEnum
 from typing import Any
 
-Record = tuple[str, str, Any]
+
+class Op(StrEnum):
+    """What a record is. Server -> engine: START, OPEN, SEND, CONTROL, CLOSE, DRAIN; engine ->
+    server: READY, FAILED, OPENED, REJECTED, OUT, ENDED, STATS, DRAINED; CREDIT both ways."""
+
+    START = "start"  # {"profile", "device"}: build the runtime (the first record)
+    READY = "ready"  # {"resources", "kv_rows"}: the runtime is up
+    FAILED = "failed"  # "Type: message": the runtime could not start
+    OPEN = "open"  # (kind, config, inputs, output_window): open a session
+    OPENED = "opened"  # None: it is open
+    REJECTED = "rejected"  # (code, message): it was refused
+    SEND = "send"  # (input name, message): a message to one of the session's inputs
+    CONTROL = "control"  # a Control: it overtakes the session's queued data
+    CLOSE = "close"  # reason: close the session
+    OUT = "out"  # a message from one of the session's outputs
+    ENDED = "ended"  # (end reason, error): the session ended
+    STATS = "stats"  # {"queue_depths", "node_steps", "load", ...}: the engine's periodic numbers
+    DRAIN = "drain"  # grace_s: end every session within it
+    DRAINED = "drained"  # None: every session has ended
+    CREDIT = "credit"  # {key: n}: that many messages of a stream were taken (flow control)
+
+
+Record = tuple[Op, str, Any]
 
 _LENGTH = struct.Struct("!I")
-CREDIT = "credit"
+CREDIT = Op.CREDIT
 # The longest a credit waits for a frame to ride with, where every window holds at least
 # CREDIT_DELAY_MIN_WINDOW messages (the default windows: 64 inputs = 1.3 s of 20 ms audio, 512
 # outputs), so the sender never waits on it. Smaller windows get their credit at once.
@@ -93,7 +117,7 @@ class Link:
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**26)
         return cls(reader, writer)
 
-    def send(self, op: str, session_id: str = "", payload: Any = None, within_s: float = 0.0) -> None:
+    def send(self, op: Op, session_id: str = "", payload: Any = None, within_s: float = 0.0) -> None:
         """Queue a record; it is written with everything else queued in this loop turn, or, with
         `within_s`, at the latest that much later (it rides with any earlier frame)."""
         if self.closed:

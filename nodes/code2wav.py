@@ -16,13 +16,16 @@ one-shot decode (see `nodes/qwen3_omni/code2wav_stream.py`).
 
 Decodes go through one shared `code2wav` executor: chunks that sessions decode at the same time
 share one transformer pass and, same-sized, one conv pass (`push_many`); speech requests at lower
-priority.
+priority. With `compute: {graphs: auto}` (the default) same-sized chunks run as one captured unit
+instead (nodes/qwen3_omni/captured_code2wav.py), each key captured in idle compute; `off` keeps
+the eager passes.
 
 An `Interrupt` drops the reply's stream at once: no audio of that reply is emitted after it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -31,8 +34,12 @@ import torch
 from graph.messages import AudioOut, CodecFrames, Control, Interrupt, Message, TurnDone
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import Code2WavParams, decode
+from nodes.qwen3_omni.captured_code2wav import attach
 from nodes.qwen3_omni.code2wav_stream import SAMPLE_RATE, Code2WavDecoder, Code2WavStream, push_many
+
+log = logging.getLogger(__name__)
 
 
 @register_node("qwen3_omni.code2wav")
@@ -57,6 +64,11 @@ class Code2WavNode(Node):
         if getattr(omni, "code2wav", None) is None:
             raise ValueError("the checkpoint has no code2wav (audio output disabled)")
         self.decoder = await self.context.compute.run(Code2WavDecoder, omni.code2wav)
+        # `compute: {graphs}`: chunks as one captured unit (auto) or the eager passes (off).
+        attach(self.decoder, getattr(self.context, "graphs", "auto"))
+        unit = self.decoder.chunk_unit
+        if unit is not None:  # a key's chunk is captured in idle compute, not in a reply's chunk
+            unit.defer = defer_to_idle_compute(self.context.compute, "code2wav chunk")
         # One shared executor: chunks that sessions decode at the same time share one conv pass.
         self.pushes = self.context.compute.batcher(
             "code2wav", lambda pushes: push_many(pushes), max_batch=self.settings.max_batch
@@ -64,6 +76,7 @@ class Code2WavNode(Node):
 
     def open_session(self, session: SessionInfo) -> NodeSession:
         return Code2WavSession(self, session)
+
 
     def keep_warm(self):
         """A reply's first chunk, decoded from one frame of zero codes on a fresh stream."""

@@ -87,6 +87,7 @@ from graph.messages import (
     SpeechPaused,
     SpeechStarted,
     SpeechStopped,
+    Stage,
     Turn,
     TurnQueued,
 )
@@ -200,7 +201,7 @@ class DialogSession(NodeSession):
         elif isinstance(message, ImageFrame):
             await self._retract(emit)  # the speculation lacks it; the commit will have it
             self.images.append(message)
-        elif isinstance(message, Command) and message.target == "dialog":
+        elif isinstance(message, Command) and message.target is Stage.DIALOG:
             await self._retract(emit)
             await self._command(message, emit)
 

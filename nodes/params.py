@@ -129,7 +129,7 @@ class OmniModelParams(Params):
     system_prompt: str | None = None
     random_weights: Literal["qwen3-omni-30b-a3b"] | None = None  # nodes/qwen3_omni/random_presets.py
     random_shrink: Positive | None = 1
-    # The reply bounds (nodes/qwen3_omni/model.py `ReplyBounds`); None: its default.
+    # The reply bounds (nodes/qwen3_omni/bounds.py `ReplyBounds`); None: its default.
     max_seq_len: Positive | None = None
     max_reply_tokens: Positive | None = None
     max_frames_per_token: Annotated[float, Meta(gt=0)] | None = None

@@ -58,12 +58,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph.background import spawn
-from graph.executor import PRIORITY_IDLE, continuation_due
+from graph.executor import continuation_due
 from graph.messages import CodecFrames, Control, HiddenChunk, Interrupt, Message, ReplyParams, TalkerPrompt, TurnDone
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import TalkerParams, as_dict, decode, given
 from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.talker_slots import TalkerSlots
@@ -138,20 +138,11 @@ class TalkerNode(Node):
         # growing one if none were there yet.
         unit = frame_unit(self.model)
         if unit is not None:  # a batch size's frames are captured in idle compute, not in a reply's frame
-            loop = asyncio.get_running_loop()
-            unit.defer = lambda capture: loop.call_soon_threadsafe(self._capture_later, capture)
+            unit.defer = defer_to_idle_compute(self.context.compute, "talker frame")
 
     def kv_rows(self) -> int | None:
         return self._kv_rows
 
-    def _capture_later(self, capture: Any) -> None:
-        spawn(self._capture(capture), name="talker-capture")
-
-    async def _capture(self, capture: Any) -> None:
-        try:
-            await self.context.compute.run(capture, priority=PRIORITY_IDLE)
-        except Exception:  # noqa: BLE001 - the runtime stopped first: frames stay eager
-            log.debug("talker frame capture did not run", exc_info=True)
 
     def keep_warm(self):
         """The talker's decoder layers over 8 positions (no cache kept)."""

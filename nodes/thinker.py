@@ -93,6 +93,7 @@ Speech requests (`meta.speak`) skip the thinker: the text's tokens go to the tal
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -122,12 +123,15 @@ from graph.messages import (
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
+from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import ThinkerParams, as_dict, decode, given
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
 from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
 from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
+
+log = logging.getLogger(__name__)
 
 # A transcription pass's instruction (a user message and the assistant header), in tokens: with
 # its transcript it goes on top of a full context, then is rolled back.
@@ -177,9 +181,17 @@ class Thinker(Node):
             self.context.compute, self.omni, max_batch=settings.max_batch,
             linger_s=settings.batch_linger_ms / 1000.0, **self._kv_sizes(),
         )
-        self._kv_rows = None if self.executor.runner.cache.grow else self.executor.runner.cache.slots
+        runner = self.executor.runner
+        self._kv_rows = None if runner.cache.grow else runner.cache.slots
+        # `compute: {graphs}`: greedy decode steps as one captured unit (auto) or eager (off);
+        # the captures run as idle compute, never in a reply's step (captured_thinker.py).
+        runner.graphs = getattr(self.context, "graphs", "auto")
+        unit = runner.step_unit
+        if unit is not None:
+            unit.defer = defer_to_idle_compute(self.context.compute, "thinker step")
         if settings.warmup:
             await self.context.compute.run(self._warm_up)
+
 
     def _kv_sizes(self) -> dict[str, Any]:
         """The slot cache's rows and columns (slot_cache.py). Allocated at start (the model's

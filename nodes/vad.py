@@ -15,7 +15,7 @@ server (`AudioChunk.received_at`), so a session that fell behind catches up ahea
 
 Output, in input order: each 16 kHz window as an `AudioChunk`, a `SpeechStarted` /
 `SpeechPaused` / `SpeechStopped` right after the window that decided it, and `ImageFrame` /
-`Command` messages forwarded where they arrived. `Configure(target="silero_vad")` updates the
+`Command` messages forwarded where they arrived. `Configure(target=Stage.VAD)` updates the
 thresholds (`turn_detection` of the session config; `None` switches detection off: manual
 commits, audio is still resampled and forwarded).
 
@@ -71,6 +71,7 @@ from graph.messages import (
     SpeechPaused,
     SpeechStarted,
     SpeechStopped,
+    Stage,
 )
 from graph.node import Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -192,7 +193,7 @@ class VadSession(NodeSession):
     async def on_message(self, stream: str, message: Message, emit) -> None:
         if isinstance(message, AudioChunk):
             await self._audio(message, emit)
-        elif isinstance(message, Command) and message.target == "silero_vad":
+        elif isinstance(message, Command) and message.target is Stage.VAD:
             if isinstance(message, Configure):
                 self.settings = VadSettings.from_config(message.config.get("turn_detection"))
                 if self.settings is None:

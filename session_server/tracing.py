@@ -16,9 +16,10 @@ A turn's trace (all children of the root, one after another):
                            preprocessing, the encoders, the thinker's prefill and its first
                            token, as ONE span: the engines do not report those stages apart
       turn.first_audio     first token -> the first audio leaving the server (WebSocket: the
-                           first `response.output_audio.delta` queued for the socket; WebRTC:
-                           the first audio handed to the paced track, which sends it in its next
-                           20 ms frame: `audio_out`, as WebRTC audio is no event)
+                           first `response.output_audio.delta` queued for the socket; WebRTC
+                           and phone calls: the first audio handed to the paced track or line,
+                           which sends it in its next 20 ms frame: `audio_out`, as media audio
+                           is no event)
       turn.reply           first audio (text replies: first token) -> `response.done`
 
 Attributes on the root: `session.id`, `sgl_omni.transport`, `sgl_omni.turn` (1, 2, ... within
@@ -201,7 +202,7 @@ class SessionTrace:
                 self._finish(turn, response, now)
 
     def audio_out(self, response_id: str) -> None:
-        """Reply audio handed to a media track (WebRTC), where no event carries it."""
+        """Reply audio handed to paced media (a WebRTC track, a phone line), where no event carries it."""
         try:
             self._first_audio(response_id, time.time_ns())
         except Exception:  # noqa: BLE001 - a trace is never worth a session

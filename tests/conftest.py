@@ -35,6 +35,17 @@ def wait_until(check, what: str, timeout: float = 90.0, process: subprocess.Pope
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def eventually(check, what: str = "the condition", timeout_s: float = 10.0) -> None:
+    """The async `wait_until`: poll `check` every 10 ms on the loop until it is true; fails the test
+    after `timeout_s`, naming `what` it waited for."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not check():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}") from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,6 +10,9 @@ Two pieces, shared by all sessions of one model:
   wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model)
   and the next token of every row that asks for one, chosen on the device for all of them
   at once (thinker_sampling.py): one read of the chosen ids per step, no other host sync.
+  With `compute: {graphs: auto}` (`graphs`) a step whose feeds all choose greedily without a
+  grammar mask runs as one captured unit, forward and choice (captured_thinker.py `StepUnit`:
+  a CUDA graph on CUDA, a trace on CPU; the same tokens, the logits to float rounding).
   Every forward holds the cache's lock, so direct calls from compute threads (tests, warm-up,
   truncate) and the executor's worker never overlap.
 - `ThinkerExecutor` is the shared executor the thinker node submits to (a `graph.executor.Batcher`
@@ -51,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from graph.executor import continuation_due, submission_due
+from nodes.qwen3_omni.captured_thinker import StepUnit
+from nodes.qwen3_omni.compute_graphs import check_graphs, graphs_of
 from nodes.qwen3_omni.lean_decode import LeanDecode
 from nodes.qwen3_omni.slot_cache import SlotKVCache, padded_group
 from nodes.qwen3_omni.thinker_requests import Choose, Chunk, Fed, Feed, ThinkerError, Work
@@ -70,10 +75,12 @@ class ThinkerRunner:
 
     _by_model: weakref.WeakKeyDictionary[Any, ThinkerRunner] = weakref.WeakKeyDictionary()
 
-    def __init__(self, omni: OmniModel, slots: int = 4, capacity: int = 256, grow: bool = True):
+    def __init__(self, omni: OmniModel, slots: int = 4, capacity: int = 256, grow: bool = True,
+                 graphs: str | None = None):
         """`slots` x `capacity` tokens are allocated now; with `grow`, rows and columns grow on demand
         after (columns up to the model's `max_seq_len` bound, unless a session's own bound is
-        larger); without, that is all (slot_cache.py)."""
+        larger); without, that is all (slot_cache.py). `graphs`: `compute: {graphs}` (None: what
+        `compute_graphs.set_graphs` set on the model)."""
         self.thinker = omni.thinker
         self.language_model = self.thinker.model.language_model
         self.embed_tokens = self.thinker.get_input_embeddings()
@@ -87,6 +94,10 @@ class ThinkerRunner:
         # applies; False: always through the HF text model (tests compare the two).
         self.lean = True
         self.lean_decode = LeanDecode(self.thinker)
+        # `compute: {graphs}`: "auto" runs the decode steps it can as one captured unit
+        # (captured_thinker.py), "off" every step eager.
+        self.graphs = check_graphs(graphs) if graphs is not None else graphs_of(getattr(omni, "model", omni))
+        self._step_unit: StepUnit | None = None
         self._tokens = getattr(omni, "tokens", None)  # the model's special ids (what the sampler bans)
         self._sampler: ThinkerSampler | None = None
         self.forwards = 0  # model calls (for tests and metrics)
@@ -100,6 +111,16 @@ class ThinkerRunner:
             self._sampler = ThinkerSampler(self.thinker.config.text_config.vocab_size, tokens.suppressed, tokens.eos,
                                            self.device)
         return self._sampler
+
+    @property
+    def step_unit(self) -> StepUnit | None:
+        """The captured decode step (made at the first use), None with `graphs: off` or when the
+        lean layers cannot run this model (`LeanDecode.why_not`)."""
+        if self.graphs == "off" or not self.lean:
+            return None
+        if self._step_unit is None:
+            self._step_unit = StepUnit(self)
+        return self._step_unit if self._step_unit.why_not is None else None
 
     @classmethod
     def for_model(cls, omni: OmniModel, **sizes: int) -> ThinkerRunner:
@@ -165,7 +186,15 @@ class ThinkerRunner:
     def answer(self, requests: list[Feed | Choose]) -> list[Fed]:
         """A step's `Feed`s through one forward, then the next token of every request with a
         choice (the feeds' and the `Choose`s') in one pass of the sampler, on the device: one
-        read of the chosen ids for the whole step (thinker_sampling.py). -> a `Fed` per request."""
+        read of the chosen ids for the whole step (thinker_sampling.py); the feeds as one
+        captured unit where `step_unit` can take them. -> a `Fed` per request."""
+        unit = self.step_unit
+        if unit is not None:
+            with self.cache.lock:
+                fed = [request for request in requests if isinstance(request, Feed)]
+                captured = unit.capturable(fed)
+                if captured is not None:
+                    return self._captured_answer(unit, requests, fed, captured)
         feeds = [index for index, request in enumerate(requests) if isinstance(request, Feed)]
         rows: list[tuple[int, torch.Tensor]] = []  # (request index, its logits), in the sampler's order
         logits = None
@@ -186,6 +215,39 @@ class ThinkerRunner:
         answers: list[Fed] = [None] * len(requests)  # type: ignore[list-item]
         for (index, row_logits), token in zip(rows, tokens):
             answers[index] = Fed(row_logits, token)
+        return answers
+
+    def _captured_answer(self, unit: StepUnit, requests: list[Feed | Choose], feeds: list[Feed],
+                         captured: tuple[int, bool]) -> list[Fed]:
+        """`answer` with the feeds' step as one captured unit (captured_thinker.py): their logits
+        and greedy tokens; the `Choose`s of the step (first tokens from prefills) through the
+        sampler; one read of all the chosen ids."""
+        for feed in feeds:
+            _check_owner(feed)
+        feeds = sorted(feeds, key=lambda feed: feed.slot)  # as the eager step's rows (the cache's first rows: views)
+        logits, tokens = unit.run(feeds, *captured)
+        self.forwards += 1
+        self.rows_forwarded += len(feeds)
+        chooses = [request for request in requests if isinstance(request, Choose)]
+        if chooses:
+            scores = torch.stack([request.logits for request in chooses])
+            picked, order = self.sampler.pick(scores, [request.choice for request in chooses])
+            ids = torch.cat((tokens, picked)).tolist()  # the step's one read
+            chosen = [0] * len(chooses)
+            for row, token in zip(order, ids[len(feeds):]):
+                chosen[row] = token
+        else:
+            ids, chosen = tokens.tolist(), []  # the step's one read
+        by_feed = {id(feed): (row_logits, token) for feed, row_logits, token in zip(feeds, logits, ids)}
+        by_choose = iter(zip(chooses, chosen))
+        answers = []
+        for request in requests:
+            if isinstance(request, Feed):
+                row_logits, token = by_feed[id(request)]
+                answers.append(Fed(row_logits, token if request.choice is not None else None))
+            else:
+                choose, token = next(by_choose)
+                answers.append(Fed(choose.logits, token))
         return answers
 
     def _feed_forward(self, requests: list[Feed]) -> tuple[torch.Tensor, list[int]]:

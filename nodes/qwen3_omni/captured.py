@@ -37,16 +37,15 @@ node through its context.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from nodes.qwen3_omni.capture import Captured, PenaltyColumns, padded_batch, python_modes
 from nodes.qwen3_omni.lean_decode import PAIR_COST_BYTES, _mlp, _moe, _rotate
 from nodes.qwen3_omni.lean_decode import _rms_norm as _lean_rms_norm
 from nodes.qwen3_omni.talker_sampling import _RESIDUAL_TOP_K, _RESIDUAL_TOP_P, _top_k, _top_p, residual_codes, talker_codes
@@ -57,22 +56,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The padded batch sizes of the captured frames (one CUDA graph each); a larger batch runs eager.
-PADDED_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # The smallest KV span a captured frame reads (then 2x, 4x, ... up to the cache's capacity).
 KV_SPANS_FROM = 64
 # How a captured frame picks every row's codes: greedy (None) or sampled (temperature, top_k, top_p).
 Pick = tuple[float, int, float] | None
 # Text kinds a decode step reads (talker_engine.py `_text_input`): a reply token, tts_eos, tts_pad.
 TEXT_TOKEN, TEXT_EOS, TEXT_PAD = 0, 1, 2
-
-
-def padded_batch(rows: int) -> int | None:
-    """The padded batch size `rows` replies run at (None: more than the largest)."""
-    for size in PADDED_BATCHES:
-        if rows <= size:
-            return size
-    return None
 
 
 class FrameInputs:
@@ -108,7 +97,7 @@ class FrameUnit:
         self.replays = 0  # of which replayed a captured graph
         self._graphs: dict[tuple[int, Pick, int], _Graph] = {}  # (padded batch, pick, KV span) -> its graph
         self._failed: set[int] = set()
-        self._penalties: dict[tuple[float, ...], torch.Tensor] = {}
+        self._penalties = PenaltyColumns(self.device)
         # Where a size's capture runs: None, inline in the frame that first needs it; else
         # `defer(capture)` queues it (the talker node: as idle compute) and frames run as
         # written until it has run.
@@ -153,10 +142,7 @@ class FrameUnit:
         self.groups = talker.num_code_groups
         # Per decoder layer (talker and predictor): its q/k norm weights side by side
         # [heads + kv_heads, head_dim] (lean_decode makes them in every forward).
-        self._head_weights = {
-            id(layer): torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1))).detach()
-            for layer in (*self.layers, *self.lean_predictor.layers)
-        }
+        self._head_weights = head_weights_of([*self.layers, *self.lean_predictor.layers])
 
     # ------------------------------------------------------------------ when it applies
 
@@ -185,15 +171,7 @@ class FrameUnit:
 
     def _static(self, size: int) -> bool:
         """Whether a frame of `size` rows runs the same operators whatever the data."""
-        for layer in self.layers:
-            if not layer.moe:
-                continue
-            if not layer.dense_experts:  # the experts module: a CUDA capture fails on a sync (then eager)
-                if not self.cuda:
-                    return False
-            elif not self.cuda and _pairs_path(layer, size):
-                return False  # its experts are chosen on the host
-        return True
+        return static_layers(self.layers, size, self.cuda)
 
     @torch.inference_mode()
     def prepare(self, replies: list[Any], frames: int) -> int:
@@ -207,13 +185,13 @@ class FrameUnit:
         cache = self.slots.cache
         made = 0
         with cache.lock:
-            longest = max(cache.lengths[reply._slot] for reply in replies)
+            longest = max(cache.lengths[reply.slot] for reply in replies)
             cache._ensure_capacity(longest + frames + 2)
             for span in sorted({kv_span(longest + 1 + k, cache.capacity) for k in range(frames)}):
                 key = (size, pick, span)
                 graph = self._graphs.get(key)
                 if graph is None or graph.key != _cache_key(cache):
-                    made += self._make(key, replies[0]._slot) is not None
+                    made += self._make(key, replies[0].slot) is not None
         return made
 
     # ------------------------------------------------------------------ one frame of B replies
@@ -227,10 +205,10 @@ class FrameUnit:
         slots = self.slots
         cache = slots.cache
         for reply in replies:
-            if getattr(reply, "_slot", None) is None:
+            if getattr(reply, "slot", None) is None:
                 slots.join(reply)
         with cache.lock:
-            starts = [cache.lengths[reply._slot] for reply in replies]
+            starts = [cache.lengths[reply.slot] for reply in replies]
             # One column more than the rows need: padding rows write the last one (see `_Graph`).
             cache._ensure_capacity(max(starts) + 2)
             inputs = self._inputs(replies, starts)
@@ -240,7 +218,7 @@ class FrameUnit:
             else:
                 outputs = self.frame(inputs, max(starts) + 1, replies)
             for reply, start in zip(replies, starts):
-                cache.lengths[reply._slot] = start + 1
+                cache.lengths[reply.slot] = start + 1
         self.frames += 1
         self.predictor.lean_calls += 1  # the code predictor's lean layers ran (tests read it)
         codes, next_embeds, hidden, positions = outputs
@@ -257,27 +235,21 @@ class FrameUnit:
             else:
                 ids.append(0)
                 kinds.append(TEXT_EOS if text is talker.tts_eos else TEXT_PAD)
-        host = torch.tensor([ids, kinds, [reply._slot for reply in replies], starts])  # one host->device copy
+        host = torch.tensor([ids, kinds, [reply.slot for reply in replies], starts])  # one host->device copy
         device = host.to(self.device, non_blocking=True) if self.cuda else host
         if len(replies) == 1:
             reply = replies[0]
-            prev, positions, seen = reply._next_embeds[0], reply._last_position[:, 0], reply.code_history.mask[None]
+            prev, positions, seen = reply.next_embeds[0], reply.last_position[:, 0], reply.code_history.mask[None]
         else:
-            prev = torch.cat([reply._next_embeds[0] for reply in replies])
-            positions = torch.cat([reply._last_position[:, 0] for reply in replies], dim=1)
+            prev = torch.cat([reply.next_embeds[0] for reply in replies])
+            positions = torch.cat([reply.last_position[:, 0] for reply in replies], dim=1)
             seen = torch.stack([reply.code_history.mask for reply in replies])
         return FrameInputs(prev, device[0], device[1], positions, device[2], device[3], seen, self._penalty(replies))
 
     def _penalty(self, replies: list[Any]) -> torch.Tensor:
-        """[B, 1] repetition penalties, made once per combination (a handful: the profile's and
+        """[B, 1] repetition penalties of `replies` (a handful of combinations: the profile's and
         the replies' own)."""
-        values = tuple(float(reply.sampling.repetition_penalty) for reply in replies)
-        cached = self._penalties.get(values)
-        if cached is None:
-            if len(self._penalties) > 256:
-                self._penalties.clear()
-            cached = self._penalties[values] = torch.tensor(values, dtype=torch.float32, device=self.device)[:, None]
-        return cached
+        return self._penalties(tuple(float(reply.sampling.repetition_penalty) for reply in replies))
 
     # ------------------------------------------------------------------ the unit itself
 
@@ -295,48 +267,9 @@ class FrameUnit:
         embeds = torch.where((inputs.text_kind == TEXT_TOKEN)[:, None], text, special) + inputs.prev_embeds
         positions = inputs.positions + 1  # [4, B]
         cos, sin = self._rotary(positions[1:], embeds.dtype)  # [B, 1, head_dim]
-        # Where each row's new key/value goes (flat [slots * kv_heads * capacity, head_dim]), and
-        # the columns each row sees (0 .. its start).
-        columns = ((inputs.rows[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
-                   + inputs.starts[:, None]).view(-1)
         in_place = self.attend_in_place(rows, cache.slots)
-        if in_place:
-            # Every row of the cache attends where it lies: the frame's rows with their queries,
-            # the others (and padding: its start is the last column) with zeros over column 0.
-            real = (inputs.starts < cache.capacity - 1).to(cache.dtype)[:, None, None, None]  # [B, 1, 1, 1]
-            seen = torch.zeros(cache.slots, dtype=inputs.starts.dtype, device=cache.device).index_add_(
-                0, inputs.rows, inputs.starts * real.view(-1).to(inputs.starts.dtype))
-        else:
-            seen = inputs.starts
-        hidden_mask = cache._column_range[:kv_length][None, :] > seen[:, None]
-        mask = torch.zeros(hidden_mask.shape, dtype=cache.dtype, device=cache.device).masked_fill_(
-            hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B or slots, 1, 1, kv]
-        hidden = embeds
-        for layer in self.layers:
-            head_weights = self._head_weights[id(layer)]
-            x = _rms_norm(hidden, layer.input_norm, layer.eps, self.hidden_size)
-            query = F.linear(x, *layer.q).view(rows, layer.heads, layer.head_dim)
-            key = F.linear(x, *layer.k).view(rows, layer.kv_heads, layer.head_dim)
-            value = F.linear(x, *layer.v).view(rows, layer.kv_heads, 1, layer.head_dim)
-            heads = _rms_norm(torch.cat((query, key), dim=1), head_weights, layer.head_eps, layer.head_size)
-            heads = _rotate(heads, cos, sin)
-            query = heads[:, : layer.heads].reshape(rows, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
-            key = heads[:, layer.heads :]
-            keys, values = cache.keys[layer.index], cache.values[layer.index]
-            head_dim = keys.shape[-1]
-            keys.view(-1, head_dim).index_copy_(0, columns, key.reshape(-1, head_dim))
-            values.view(-1, head_dim).index_copy_(0, columns, value.reshape(-1, head_dim))
-            if in_place:  # the cache's rows as they are: no copy
-                queries = query.new_zeros((cache.slots, *query.shape[1:])).index_add_(0, inputs.rows, query * real)
-                out = F.scaled_dot_product_attention(queries, keys[:, :, :kv_length], values[:, :, :kv_length],
-                                                     attn_mask=mask, scale=layer.scaling).index_select(0, inputs.rows)
-            else:  # the frame's rows copied out
-                row_keys = keys[:, :, :kv_length].index_select(0, inputs.rows)
-                row_values = values[:, :, :kv_length].index_select(0, inputs.rows)
-                out = F.scaled_dot_product_attention(query, row_keys, row_values, attn_mask=mask, scale=layer.scaling)
-            hidden = hidden + F.linear(out.reshape(rows, -1), *layer.o)
-            x = _rms_norm(hidden, layer.post_norm, layer.eps, self.hidden_size)
-            hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))
+        hidden = span_layers(self.layers, self._head_weights, embeds, cos, sin, cache, inputs.rows, inputs.starts,
+                             kv_length, in_place, self.hidden_size)
         hidden = _rms_norm(hidden, self.norm, self.norm_eps, self.hidden_size)  # [B, D]
         codes, next_embeds = self._codes(hidden, inputs, replies, pick)
         return codes, next_embeds, hidden, positions
@@ -421,7 +354,7 @@ class FrameUnit:
         its first use, and again when the cache has grown); a size whose capture failed runs
         this frame as written, and later ones as `capturable` says."""
         rows = inputs.rows.shape[0]
-        if not self.cuda and _python_modes():
+        if not self.cuda and python_modes():
             # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
             # counts one): the frame runs as written, the same aten calls the trace makes.
             return self.frame(inputs, kv_length, pick=pick)
@@ -492,6 +425,70 @@ def kv_span(kv_length: int, capacity: int) -> int:
     return min(span, capacity)
 
 
+def span_layers(layers: list[Any], head_weights: dict[int, torch.Tensor], hidden: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, cache: Any, rows: torch.Tensor, starts: torch.Tensor, kv_length: int,
+                in_place: bool, hidden_size: torch.Tensor, first_rows: bool = False) -> torch.Tensor:
+    """lean_decode's decoder layers for one new position on each of the slot-cache rows `rows`
+    `[B]` (written at columns `starts` `[B]`) with every shape fixed by B and `kv_length` (the
+    columns read, under the mask): what a captured decode step of the talker or the thinker
+    runs. `head_weights`: per layer (`id`), its q/k norm weights side by side. A padding row
+    reads a real row and writes the cache's last column (its start: `capacity - 1`). `in_place`:
+    every row of the cache attends where it lies (see `FrameUnit.attend_in_place`); `first_rows`:
+    `rows` are the cache's rows 0 .. B-1 in order (padding rows too: their own rows), read where
+    they lie (views); else the batch's rows are copied out over the span."""
+    count = hidden.shape[0]
+    # Where each row's new key/value goes (flat [slots * kv_heads * capacity, head_dim]), and
+    # the columns each row sees (0 .. its start).
+    columns = ((rows[:, None] * cache.kv_heads + cache._head_range[None, :]) * cache.capacity
+               + starts[:, None]).view(-1)
+    if in_place:
+        # Every row of the cache attends where it lies: the batch's rows with their queries,
+        # the others (and padding: its start is the last column) with zeros over column 0.
+        real = (starts < cache.capacity - 1).to(cache.dtype)[:, None, None, None]  # [B, 1, 1, 1]
+        seen = torch.zeros(cache.slots, dtype=starts.dtype, device=cache.device).index_add_(
+            0, rows, starts * real.view(-1).to(starts.dtype))
+    else:
+        seen = starts
+    hidden_mask = cache._column_range[:kv_length][None, :] > seen[:, None]
+    mask = torch.zeros(hidden_mask.shape, dtype=cache.dtype, device=cache.device).masked_fill_(
+        hidden_mask, torch.finfo(cache.dtype).min)[:, None, None]  # [B or slots, 1, 1, kv]
+    for layer in layers:
+        x = _rms_norm(hidden, layer.input_norm, layer.eps, hidden_size)
+        query = F.linear(x, *layer.q).view(count, layer.heads, layer.head_dim)
+        key = F.linear(x, *layer.k).view(count, layer.kv_heads, layer.head_dim)
+        value = F.linear(x, *layer.v).view(count, layer.kv_heads, 1, layer.head_dim)
+        heads = _rms_norm(torch.cat((query, key), dim=1), head_weights[id(layer)], layer.head_eps, layer.head_size)
+        heads = _rotate(heads, cos, sin)
+        query = heads[:, : layer.heads].reshape(count, layer.kv_heads, layer.heads // layer.kv_heads, layer.head_dim)
+        key = heads[:, layer.heads :]
+        keys, values = cache.keys[layer.index], cache.values[layer.index]
+        head_dim = keys.shape[-1]
+        keys.view(-1, head_dim).index_copy_(0, columns, key.reshape(-1, head_dim))
+        values.view(-1, head_dim).index_copy_(0, columns, value.reshape(-1, head_dim))
+        if in_place:  # the cache's rows as they are: no copy
+            queries = query.new_zeros((cache.slots, *query.shape[1:])).index_add_(0, rows, query * real)
+            out = F.scaled_dot_product_attention(queries, keys[:, :, :kv_length], values[:, :, :kv_length],
+                                                 attn_mask=mask, scale=layer.scaling).index_select(0, rows)
+        elif first_rows:  # the cache's first rows as they are: no copy
+            out = F.scaled_dot_product_attention(query, keys[:count, :, :kv_length], values[:count, :, :kv_length],
+                                                 attn_mask=mask, scale=layer.scaling)
+        else:  # the batch's rows copied out
+            row_keys = keys[:, :, :kv_length].index_select(0, rows)
+            row_values = values[:, :, :kv_length].index_select(0, rows)
+            out = F.scaled_dot_product_attention(query, row_keys, row_values, attn_mask=mask, scale=layer.scaling)
+        hidden = hidden + F.linear(out.reshape(count, -1), *layer.o)
+        x = _rms_norm(hidden, layer.post_norm, layer.eps, hidden_size)
+        hidden = hidden + (_moe(layer, x) if layer.moe else _mlp(layer.dense_mlp, x))
+    return hidden
+
+
+def head_weights_of(layers: list[Any]) -> dict[int, torch.Tensor]:
+    """Per decoder layer (`id`): its q/k norm weights side by side `[heads + kv_heads, head_dim]`
+    (lean_decode makes them in every forward; a captured step reads them as constants)."""
+    return {id(layer): torch.cat((layer.q_norm.expand(layer.heads, -1), layer.k_norm.expand(layer.kv_heads, -1))).detach()
+            for layer in layers}
+
+
 def _cache_key(cache: Any) -> tuple[int, int, int]:
     """What a captured graph depends on in the cache: its buffers (replaced when it grows)."""
     return (cache.capacity, cache.slots, cache.keys[0].data_ptr())
@@ -505,9 +502,19 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, size: to
     return weight * (x * x.pow(2).mean(dim=-1, keepdim=True).add_(eps).rsqrt_())
 
 
-def _python_modes() -> bool:
-    """Whether a Python dispatch or function mode is active (a counter, a tracer)."""
-    return torch._C._len_torch_dispatch_stack() > 0 or torch._C._len_torch_function_stack() > 0
+def static_layers(layers: list[Any], tokens: int, cuda: bool) -> bool:
+    """Whether lean decoder layers run the same operators whatever the data for `tokens` rows
+    (what a capture needs): no experts chosen on the host; the experts module only on CUDA
+    (where a capture that syncs fails, and the step then runs eager)."""
+    for layer in layers:
+        if not layer.moe:
+            continue
+        if not layer.dense_experts:
+            if not cuda:
+                return False
+        elif not cuda and _pairs_path(layer, tokens):
+            return False  # its experts are chosen on the host
+    return True
 
 
 def _pairs_path(layer: Any, tokens: int) -> bool:
@@ -541,32 +548,19 @@ class _Graph:
             torch.ones((size, 1), dtype=torch.float32, device=device),
         )
         self.cuda = unit.cuda
-        if self.cuda:
-            self.graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up on a side stream (lazy inits, cuBLAS workspaces)
-                    unit.frame(self.inputs, span, pick=pick)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            if unit._pool is None:
-                unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
-            with torch.cuda.graph(self.graph, pool=unit._pool):
-                self.outputs = unit.frame(self.inputs, span, pick=pick)
-        else:
-            def frame(*tensors: torch.Tensor):
-                return unit.frame(FrameInputs(*tensors), span, pick=pick)
+        if self.cuda and unit._pool is None:
+            unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
 
-            with warnings.catch_warnings(), _weights_as_constants(unit.talker):
-                warnings.simplefilter("ignore")  # the tracer's notes on shapes read as Python numbers
-                self.trace = torch.jit.trace(frame, tuple(self.inputs.tensors()), check_trace=False)
-            for _ in range(2):  # TorchScript profiles the first run and optimizes at the second: not in a frame
-                self.trace(*self.inputs.tensors())
+        def frame(*tensors: torch.Tensor):
+            return unit.frame(FrameInputs(*tensors), span, pick=pick)
+
+        self.captured = Captured(frame, tuple(self.inputs.tensors()), (unit.talker.talker, unit.talker.thinker_embeddings),
+                                 unit._pool)
         # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
 
     def replay(self, inputs: FrameInputs, rows: int):
         if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
-            return self.trace(*inputs.tensors())
+            return self.captured.run(*inputs.tensors())
         static = self.inputs
         for name in FrameInputs.__slots__:
             target, value = getattr(static, name), getattr(inputs, name)
@@ -577,26 +571,9 @@ class _Graph:
         if rows < self.size:  # padding rows: the first row's last column
             static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
             static.starts[rows:].fill_(self.unit.slots.cache.capacity - 1)
-        if self.cuda:
-            self.graph.replay()
-            codes, next_embeds, hidden, positions = self.outputs
+        codes, next_embeds, hidden, positions = self.captured.run(*static.tensors())
+        if self.cuda:  # the graph's static outputs: the next replay overwrites them
             return codes[:rows], next_embeds[:rows].clone(), hidden[:rows].clone(), positions[:, :rows].clone()
-        codes, next_embeds, hidden, positions = self.trace(*static.tensors())
         if rows == self.size:
             return codes, next_embeds, hidden, positions
         return codes[:rows], next_embeds[:rows], hidden[:rows], positions[:, :rows]
-
-
-@contextlib.contextmanager
-def _weights_as_constants(talker: TalkerModel):
-    """The tracer records the weights as constants, which it refuses to do with tensors that
-    require grad: the talker's and the thinker embeddings' parameters do not while it traces."""
-    parameters = [p for module in (talker.talker, talker.thinker_embeddings) for p in module.parameters()
-                  if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)

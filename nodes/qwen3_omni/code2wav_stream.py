@@ -396,6 +396,9 @@ class Code2WavDecoder:
         self._initial_state = [_initial_slot(step) for step in self._steps if not isinstance(step, _Snake)]
         # Samples a decode of F frames cannot produce yet (they need frame F): 555 for the stock rates.
         self.holdback_samples = self.samples_per_frame * 4 - self.samples_for(4)
+        # `compute: {graphs: auto}`: the captured chunk unit that takes the chunks it can
+        # (captured_code2wav.py `attach`); None: every chunk runs the eager path here.
+        self.chunk_unit: Any = None
 
     def samples_for(self, frames: int) -> int:
         """Samples a one-shot decode of `frames` frames yields (F*1920 - 555 for the stock model)."""
@@ -450,8 +453,12 @@ class Code2WavStream:
         self.decoder = decoder
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
-        self._cache = decoder._transformer.new_cache()
-        self._conv_state = decoder.initial_state()
+        # The state, in one of two forms: the eager path's lists (KV per layer, conv context per
+        # slot), or one flat tensor when the decoder's chunk unit ran its last chunk (`_state`;
+        # the lists are None then). The unit moves it between them (captured_code2wav.py).
+        self._cache: list[Any] | None = decoder._transformer.new_cache()
+        self._conv_state: list[Any] | None = decoder.initial_state()
+        self._state: torch.Tensor | None = None
         self._pending: list[torch.Tensor] = []  # frames not decoded yet
         self.frames_in = 0  # frames decoded
         self.samples_out = 0  # samples emitted
@@ -503,6 +510,10 @@ def push_many(pushes: list[tuple[Code2WavStream, torch.Tensor, bool]]) -> list[t
     groups: dict[tuple[int, bool, int], list[tuple[int, Code2WavStream, torch.Tensor]]] = {}
     for members in due_by_decoder.values():
         decoder = members[0][1].decoder
+        if decoder.chunk_unit is not None:  # `compute: {graphs: auto}`: the chunks it takes, captured
+            members = decoder.chunk_unit.decode(members, results)
+            if not members:
+                continue
         hidden = decoder.transform([(due, stream._cache, stream.frames_in) for _, stream, due in members])
         start = 0
         for index, stream, due in members:

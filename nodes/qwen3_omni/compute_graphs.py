@@ -1,4 +1,4 @@
-"""The profile's `compute: {graphs: auto | off}` as the talker reads it.
+"""The profile's `compute: {graphs: auto | off}` as the talker and the thinker's runner read it.
 
 Apart from captured.py so that talker_model.py, which captured.py's frame unit reads, can take
 the setting without importing the unit (no import circle)."""
@@ -17,7 +17,8 @@ def check_graphs(graphs: str) -> str:
 
 
 def set_graphs(omni: Any, graphs: str) -> None:
-    """Make `graphs` the default of the talkers built on `omni` (an `OmniModel` or its HF model) from now on."""
+    """Make `graphs` the default of the talkers and thinker runners built on `omni` (an `OmniModel`
+    or its HF model) from now on."""
     model = getattr(omni, "model", omni)
     model._sgl_compute_graphs = check_graphs(graphs)
 

@@ -41,12 +41,22 @@ KVUpdate = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch
 
 def hooked(module: torch.nn.Module) -> bool:
     """Forward hooks, accelerate's (device placement / offload wraps `forward`), or a `forward`
-    replaced on the instance: a lean path would skip what they do."""
+    replaced on the instance: a lean path would skip what they do. Not counted: the output
+    capturing hooks transformers installs on the layers at a model's first HF forward, which do
+    nothing unless that forward collects hidden states (a lean stack built after one, e.g. a
+    runner made after a prefill, would refuse the layers otherwise)."""
+    forward_hooks = [hook for hook in module._forward_hooks.values() if not _output_capturing(hook)]
     return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
+        forward_hooks or module._forward_pre_hooks or module._forward_hooks_with_kwargs
         or module._forward_pre_hooks_with_kwargs or module.__dict__.get("_hf_hook") is not None
         or "forward" in module.__dict__
     )
+
+
+def _output_capturing(hook: Any) -> bool:
+    """transformers' `install_output_capuring_hook` hook (utils/output_capturing.py)."""
+    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing" \
+        and getattr(hook, "__name__", None) == "output_capturing_hook"
 
 
 def global_hooks() -> bool:

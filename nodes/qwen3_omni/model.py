@@ -27,6 +27,7 @@ import torch
 
 from graph.registry import register_resource
 from nodes.params import OmniModelParams, decode
+from nodes.qwen3_omni.bounds import ReplyBounds
 from nodes.qwen3_omni.slot_cache import allocated_at_start
 
 log = logging.getLogger(__name__)
@@ -66,26 +67,6 @@ _IMAGE_DEFAULTS = {
 
 class ModelLoadError(RuntimeError):
     """The checkpoint could not be loaded; the message says which path and why."""
-
-
-@dataclass(frozen=True)
-class ReplyBounds:
-    """Per-server bounds on a conversation and a reply (from the resource params).
-
-    max_seq_len: thinker context per session (tokens). A turn that does not fit fails with
-        `context_exhausted`; a reply that reaches it ends with finish reason `context_exhausted`.
-    max_reply_tokens: thinker tokens per reply; a reply that reaches it ends `incomplete`. The
-        tiny checkpoint ends its replies on EOS after 11 tokens (random-weight presets never
-        do), so the tiny profile's 16 only bounds a reply that runs on.
-    max_frames_per_token / max_reply_frames: talker bounds (read by the talker node): codec
-        frames per reply token once the text has ended (None: until codec EOS, as real
-        checkpoints stop; the tiny profile sets 2), and per reply (`generate()`'s 4096).
-    """
-
-    max_seq_len: int = 32768
-    max_reply_tokens: int = 2048
-    max_frames_per_token: float | None = None
-    max_reply_frames: int = 4096
 
 
 @dataclass(frozen=True)

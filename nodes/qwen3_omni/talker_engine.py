@@ -161,12 +161,12 @@ class TalkerReply:
         self.finished = False
         self.finish_reason: str | None = None
         self._cancelled = False
-        self._cache: DynamicCache | None = None  # the prefill's KV (what the history keeps)
-        self._slot: int | None = None  # the decode steps' KV row in the shared TalkerSlots
-        self._slot_release: Any = None
-        self._last_hidden: torch.Tensor | None = None  # talker output at the last position [1, 1, D]
-        self._next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
-        self._last_position: torch.Tensor | None = None  # [4, 1, 1]
+        self.prefill_cache: DynamicCache | None = None  # the prefill's KV (what the history keeps)
+        self.slot: int | None = None  # the decode steps' KV row in the shared TalkerSlots
+        self.slot_release: Any = None
+        self.last_hidden: torch.Tensor | None = None  # talker output at the last position [1, 1, D] (the code predictor reads it)
+        self.next_embeds: torch.Tensor | None = None  # summed code embeddings of the last frame [1, 1, D]
+        self.last_position: torch.Tensor | None = None  # [4, 1, 1]
         self.code_history = CodeHistory(talker.vocab_size, talker.device)  # repetition penalty input
         self.prefill_tokens = 0  # positions the prefill put through the talker (new user turns + block)
         self._generator = None
@@ -199,18 +199,13 @@ class TalkerReply:
     def cancel(self) -> None:
         self._cancelled = True
 
-    @property
-    def last_hidden(self) -> torch.Tensor | None:
-        """The talker's output [1, 1, D] at the reply's last position (what the code predictor reads)."""
-        return self._last_hidden
-
     # ------------------------------------------------------------------ frames out
 
     def ready(self) -> bool:
         """Whether `step` can run now (False: it waits for more text), or has finished."""
         if self.finished or self._cancelled:
             return True
-        if self._cache is None:
+        if self.prefill_cache is None:
             return len(self._text) >= 1 or self.text_final
         # Step s reads text s; it needs text s+1 (or the end marker) to know whether s is the last.
         return self.text_final or len(self._text) > self.frames + 1
@@ -237,7 +232,7 @@ class TalkerReply:
         if budget is not None and self.frames >= budget:
             self._finish("frame_limit")
             return None
-        if self._cache is not None:
+        if self.prefill_cache is not None:
             return "decode"
         if not self._text or self._text[0] == _EOS_PLACEHOLDER:  # the reply ended before its first token
             self._finish("empty")
@@ -256,7 +251,7 @@ class TalkerReply:
         if not self.finished:
             self.finished = True
             self.finish_reason = reason
-            self._cache = None  # free the KV cache now; the reply object may live on
+            self.prefill_cache = None  # free the KV cache now; the reply object may live on
             TalkerSlots.leave(self)
 
     # ------------------------------------------------------------------ compute
@@ -302,7 +297,7 @@ class TalkerReply:
     def _prefill(self, prompt: tuple[torch.Tensor, torch.Tensor, DynamicCache] | None = None) -> torch.Tensor:
         """The prefill alone (on the reply's own cache) -> codec logits [1, vocab]."""
         embeds, positions, cache = prompt or self._prefill_prompt()
-        self._cache = cache
+        self.prefill_cache = cache
         logits = self._forward(embeds, positions)
         self._prefilled(cache, embeds.shape[1])
         return logits
@@ -310,7 +305,7 @@ class TalkerReply:
     def _prefilled(self, cache: DynamicCache, positions: int) -> None:
         """The prefill of `positions` new positions is in `cache`: the reply decodes next, and its
         history keeps that KV (its first `user_length` positions) for the next reply."""
-        self._cache = cache
+        self.prefill_cache = cache
         self.prefill_tokens = positions
         self.history.keep(cache, self.history.user_length)
 
@@ -319,11 +314,11 @@ class TalkerReply:
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if positions is None:
-            positions = self._last_position + 1
-        out = self.talker.talker.model(inputs_embeds=embeds, position_ids=positions, cache=self._cache, use_cache=True)
+            positions = self.last_position + 1
+        out = self.talker.talker.model(inputs_embeds=embeds, position_ids=positions, cache=self.prefill_cache, use_cache=True)
         hidden = out.last_hidden_state
-        self._last_hidden = hidden[:, -1:]
-        self._last_position = positions[..., -1:]
+        self.last_hidden = hidden[:, -1:]
+        self.last_position = positions[..., -1:]
         return self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
 
 
@@ -444,7 +439,7 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
     else:
         first = torch.tensor([codes[row] for row in started], device=logits.device)
     if hidden is None or len(started) != len(rows):
-        hidden = torch.cat([reply._last_hidden for reply in started_replies])
+        hidden = torch.cat([reply.last_hidden for reply in started_replies])
     try:
         frames, next_embeds = started_replies[0].talker.code_predictor.predict(
             hidden, first, lambda _group, scores: residual_codes(started_replies, scores)
@@ -455,7 +450,7 @@ def step_replies(replies: list[TalkerReply]) -> list[torch.Tensor | None | BaseE
         return results
     frames = frames.to("cpu", torch.long)
     for row, reply in enumerate(started_replies):
-        reply._next_embeds = next_embeds[row : row + 1]
+        reply.next_embeds = next_embeds[row : row + 1]
         reply.frames += 1
         results[rows[started[row]]] = frames[row]
     return results
@@ -484,11 +479,11 @@ def _captured_frames(unit: FrameUnit, replies: list[TalkerReply], indices: list[
     codes = codes if codes.device.type == "cpu" else codes.to("cpu")  # the frame's one host read
     listed = codes.tolist()  # (of a host tensor: no second read)
     for row, (reply, index) in enumerate(zip(replies, indices)):
-        reply._last_hidden = hidden[row : row + 1, None]
-        reply._last_position = positions[:, row : row + 1, None]
+        reply.last_hidden = hidden[row : row + 1, None]
+        reply.last_position = positions[:, row : row + 1, None]
         if not reply._accept(listed[row][0]):
             continue
-        reply._next_embeds = next_embeds[row : row + 1, None]
+        reply.next_embeds = next_embeds[row : row + 1, None]
         reply.frames += 1
         results[index] = codes[row]
 
@@ -560,7 +555,7 @@ def decode_inputs(replies: list[TalkerReply]) -> torch.Tensor:
             text = torch.cat([next(embedded_rows)[None] if isinstance(t, int) else t for t in texts])
     else:
         text = torch.cat(texts)
-    return torch.cat([reply._next_embeds for reply in replies]) + text
+    return torch.cat([reply.next_embeds for reply in replies]) + text
 
 
 def _talker_codes(

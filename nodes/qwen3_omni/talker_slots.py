@@ -51,11 +51,11 @@ class TalkerReply(Protocol):
     here so that this module does not import the engine)."""
 
     talker: TalkerModel
-    _cache: DynamicCache | None
-    _slot: int | None
-    _slot_release: Any
-    _last_hidden: torch.Tensor | None
-    _last_position: torch.Tensor | None
+    prefill_cache: DynamicCache | None
+    slot: int | None
+    slot_release: Any
+    last_hidden: torch.Tensor | None
+    last_position: torch.Tensor | None
 
 
 class TalkerSlots:
@@ -89,23 +89,23 @@ class TalkerSlots:
         """Copy `kv` (default: the reply's prefill KV; empty: nothing) into a free row; the row is the
         reply's until `leave`."""
         cache = self.cache
-        kv = reply._cache if kv is None else kv
+        kv = reply.prefill_cache if kv is None else kv
         with cache.lock:
             slot = cache.acquire()
             if kv.get_seq_length():
                 layers = kv.layers
                 cache.load(slot, [layer.keys for layer in layers], [layer.values for layer in layers])
-        reply._slot = slot
-        reply._slot_release = weakref.finalize(reply, cache.release, slot)
+        reply.slot = slot
+        reply.slot_release = weakref.finalize(reply, cache.release, slot)
         return slot
 
     @staticmethod
     def leave(reply: TalkerReply) -> None:
-        release = getattr(reply, "_slot_release", None)
+        release = getattr(reply, "slot_release", None)
         if release is not None:
             release()  # once; the row may go to another reply right after
-        reply._slot = None
-        reply._slot_release = None
+        reply.slot = None
+        reply.slot_release = None
 
     @torch.inference_mode()
     def forward(
@@ -121,13 +121,13 @@ class TalkerSlots:
         default): one position per reply, its next one. A prefill group passes `positions`
         [4, B, q] and each row's real `lengths` (rows padded at their ends)."""
         for reply in replies:
-            if getattr(reply, "_slot", None) is None:
+            if getattr(reply, "slot", None) is None:
                 self.join(reply)
         decode = positions is None
         if decode:
-            positions = torch.cat([reply._last_position for reply in replies], dim=1) + 1  # [4, B, 1]
+            positions = torch.cat([reply.last_position for reply in replies], dim=1) + 1  # [4, B, 1]
         with self.cache.lock:
-            batch = self.cache.batch([reply._slot for reply in replies], embeds.shape[1])
+            batch = self.cache.batch([reply.slot for reply in replies], embeds.shape[1])
             if decode and self.lean_decode.usable():
                 hidden = self.lean_decode(embeds[:, 0], positions, batch)[:, None]
             elif self.stack.usable():
@@ -145,8 +145,8 @@ class TalkerSlots:
             hidden, positions = hidden[rows, last].unsqueeze(1), positions[:, rows, last].unsqueeze(-1)
         logits = self.talker.talker.codec_head(hidden)[:, -1, :].to(copy=True, dtype=torch.float32)
         for row, reply in enumerate(replies):
-            reply._last_hidden = hidden[row : row + 1, -1:]
-            reply._last_position = positions[:, row : row + 1, -1:]
+            reply.last_hidden = hidden[row : row + 1, -1:]
+            reply.last_position = positions[:, row : row + 1, -1:]
         return logits, hidden[:, -1:]
 
     @torch.inference_mode()
@@ -175,9 +175,9 @@ class TalkerSlots:
                     self.leave(reply)
                 raise
             for reply, (_, _, kv), length in zip(replies, prompts, lengths):
-                end = self.cache.length(reply._slot)
+                end = self.cache.length(reply.slot)
                 for layer in range(self.cache.num_layers):
-                    keys, values = self.cache.row(reply._slot, layer)
+                    keys, values = self.cache.row(reply.slot, layer)
                     kv.update(keys[None, :, end - length :], values[None, :, end - length :], layer)
         return logits
 

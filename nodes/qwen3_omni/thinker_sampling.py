@@ -124,13 +124,24 @@ class ThinkerSampler:
         banned = torch.zeros(2, self.vocab_size, dtype=torch.bool)
         banned[:, sorted(suppressed)] = True
         banned[1, sorted(eos)] = True  # row 1: `ignore_eos`
-        banned = banned.to(self.device)
-        self._banned = (banned[0], banned[1])  # by `ignore_eos`; views taken once, not per step
+        self.banned = banned.to(self.device)  # [2, V]: row 0 the banned ids, row 1 with EOS (`ignore_eos`)
+        self._banned = (self.banned[0], self.banned[1])  # by `ignore_eos`; views taken once, not per step
         self._any = torch.ones(self.vocab_size, dtype=torch.bool)  # a row without a grammar (host)
 
     def choose(self, logits: torch.Tensor, choices: Sequence[Choice]) -> list[int]:
         """The chosen id of each row of `logits` [B, V] (on the device; read, not changed) under
         `choices[i]`: one `tolist()` for all rows, no other read of a device value."""
+        picked, order = self.pick(logits, choices)
+        ids = picked.tolist()  # the step's one read
+        tokens = [0] * len(choices)
+        for row, token in zip(order, ids):
+            tokens[row] = token
+        return tokens
+
+    def pick(self, logits: torch.Tensor, choices: Sequence[Choice]) -> tuple[torch.Tensor, list[int]]:
+        """`choose` without the read: the chosen ids on the device, and the row of `logits` each
+        is for (rows grouped by setting). A caller with more ids to read in the step reads them
+        together."""
         total = len(choices)
         groups: dict[tuple, list[int]] = {}
         for row, choice in enumerate(choices):
@@ -140,11 +151,7 @@ class ThinkerSampler:
             scores = logits if len(rows) == total else logits[device_longs(rows, logits.device)]
             picked.append(self._pick(scores, [choices[row] for row in rows], key))
             order.extend(rows)
-        ids = (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist()  # the step's one read
-        tokens = [0] * total
-        for row, token in zip(order, ids):
-            tokens[row] = token
-        return tokens
+        return (picked[0] if len(picked) == 1 else torch.cat(picked)), order
 
     def _pick(self, scores: torch.Tensor, choices: list[Choice], key: tuple) -> torch.Tensor:
         greedy, temperature, top_k, top_p, min_p, penalty, ignore_eos = key

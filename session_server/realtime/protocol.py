@@ -85,6 +85,7 @@ from graph.messages import (
     NodeError,
     NodeEvent,
     ReplyParams,
+    Stage,
     TextDelta,
     TranscriptCompleted,
     TranscriptDelta,
@@ -468,8 +469,8 @@ class RealtimeProtocol:
         self.negotiation.observe_update(event.session)
         self.config = self._sglang_input_default(config)
         graph = self.graph_config()
-        self._to_graph(Configure(target="silero_vad", config=graph))
-        self._to_graph(Configure(target="dialog", config=graph))
+        self._to_graph(Configure(target=Stage.VAD, config=graph))
+        self._to_graph(Configure(target=Stage.DIALOG, config=graph))
         self._send("session.updated", client_event_id=event.event_id, session=self._session_wire())
 
     def _on_SessionClose(self, event: ev.SessionClose) -> None:

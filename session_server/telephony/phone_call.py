@@ -19,46 +19,31 @@ monotonic clock for every call: frame_clock.py). What a phone call adds to the c
 - media timeout: a call whose caller sends no audio for `media_timeout_s` ends (`media_timeout`).
 
 Lifetime: `close(reason)` is idempotent and releases everything (tasks, graph session, the
-wire); `on_closed(call)` then forgets it in the registries.
+wire, which hangs up); `on_closed(call)` then forgets it in the registries.
 
-Here because the issue's "one link for every transport" (WebSocket, WebRTC, SIP, media
-streams) is for later: this link serves the phone wires; the WebSocket and WebRTC adapters keep
-their own until that refactor.
+The graph plumbing, barge-in, sidebands and the close are `CallLink`'s
+(session_server/realtime/call_link.py), shared with WebRTC calls; this module keeps what a
+phone line adds: the 20 ms clock, the wire's `clear` and marks, DTMF and the media timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import logging
 import time
-from collections import deque
 from typing import Any, Protocol
 
 import numpy as np
 
-from graph.messages import Interrupt
-from session_server.realtime.protocol import (
-    CLOSE_POLICY,
-    Action,
-    CloseSession,
-    ControlGraph,
-    HoldPlayback,
-    RealtimeProtocol,
-    SendAudio,
-    SendEvent,
-    SendToGraph,
-)
+from session_server.realtime.call_link import CallLink
+from session_server.realtime.protocol import RealtimeProtocol
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.telephony.frame_clock import FrameClock
 from session_server.telephony.phone_audio import FRAME_MS, PhoneOutput
 
 log = logging.getLogger("session_server.telephony")
 
-# Client messages queued toward the graph; past it the call ends (`input_backlog_full`).
-MAX_PENDING_INPUTS = 1024
 # Sideband client events waiting for their turn (each may wait for a voice lookup).
 MAX_PENDING_CLIENT_EVENTS = 256
 DTMF_KEYS = frozenset("0123456789*#ABCD")
@@ -83,43 +68,27 @@ class PhoneWire(Protocol):
         """End the call on the wire (close the stream; BYE). Called once, from `close`."""
 
 
-class PhoneCall:
+class PhoneCall(CallLink):
+    event_prefix = "event_tel_"
+    log = log
+    output: PhoneOutput
+
     def __init__(self, call_id: str, protocol: RealtimeProtocol, wire: PhoneWire, transport: str,
                  media_timeout_s: float, on_closed=lambda call: None, metrics: Any = None):
-        self.id = call_id
-        self.protocol = protocol
+        super().__init__(call_id, protocol, PhoneOutput(), on_closed=on_closed, metrics=metrics)
         self.wire = wire
         self.transport = transport  # the metrics' label: "twilio", "sip"
         self.media_timeout_s = media_timeout_s
-        self.metrics = metrics
-        self.graph: Any = None
-        self.output = PhoneOutput()
-        self.closed = asyncio.Event()
-        self.close_reason: str | None = None
-        self.sidebands: set[Any] = set()
-        self.trace: Any = None
         self.frames_sent = 0  # reply frames sent (tests and the bench read it)
-        self._on_closed = on_closed
-        self._closing = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._inputs: deque[SendToGraph] = deque()
-        self._inputs_changed = asyncio.Event()
-        self._feeding = False  # the feeder holds an input that waits for room: later ones queue behind it
         self._client_events: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_PENDING_CLIENT_EVENTS)
-        self._item_of: dict[str, str] = {}  # response id -> its assistant item id
-        self._event_ids = itertools.count(1)
         self._last_media = time.monotonic()
-        self._turn_ended_at: float | None = None
-        self._awaiting_audio: dict[str, float] = {}
         self._clock: FrameClock | None = None
 
     # ------------------------------------------------------------------ what the wire reports
 
     def start(self, graph: Any) -> None:
-        self.graph = graph
-        self.apply(self.protocol.open())
-        for coroutine, name in ((self._feeder(), "feeder"), (self._output_pump(), "pump"),
-                                (self._media_watch(), "media-watch"), (self._client_event_pump(), "client-events")):
+        super().start(graph)
+        for coroutine, name in ((self._media_watch(), "media-watch"), (self._client_event_pump(), "client-events")):
             self._spawn(coroutine, name)
         self._clock = FrameClock.of(asyncio.get_running_loop())
         self._clock.join(self)  # reply audio or silence, one frame per 20 ms tick (frame_clock.py)
@@ -137,18 +106,9 @@ class PhoneCall:
     def played(self, response_id: str) -> None:
         """The far end played a reply to its end (a media stream's `mark` coming back)."""
         if response_id in self._item_of:
-            self._send_own("output_audio_buffer.stopped", response_id=response_id)
+            self._audio_stopped(response_id)
 
-    # ------------------------------------------------------------------ sidebands (webrtc/sideband.py)
-
-    def attach(self, sideband: Any) -> bool:
-        if self._closing or self.protocol.close_reason is not None:
-            return False
-        self.sidebands.add(sideband)
-        return True
-
-    def detach(self, sideband: Any) -> None:
-        self.sidebands.discard(sideband)
+    # ------------------------------------------------------------------ sidebands' client events (webrtc/sideband.py)
 
     def receive_client_message(self, message: str | bytes) -> None:
         try:
@@ -167,44 +127,7 @@ class PhoneCall:
             await look_up_voices(self.protocol, message)  # off the event loop, before the event
             self.apply(self.protocol.receive_text(message))
 
-    # ------------------------------------------------------------------ tasks
-
-    def _spawn(self, coroutine, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine, name=f"{self.id}:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._failed(task.get_name(), task.exception())
-
-    def tick_failed(self, error: BaseException) -> None:
-        self._failed(f"{self.id}:tick", error)
-
-    def _failed(self, what: str, error: BaseException | None) -> None:
-        if not self._closing:
-            log.error("call %s: %s failed", self.id, what, exc_info=error)
-            self.apply(self.protocol.close("internal_error"))
-
-    async def _feeder(self) -> None:
-        while True:
-            while not self._inputs:
-                self._inputs_changed.clear()
-                await self._inputs_changed.wait()
-            action = self._inputs.popleft()
-            self._feeding = True
-            try:
-                await self.graph.send(action.input, action.message)
-            except RuntimeError:
-                return  # the graph session ended; the pump reports why
-            finally:
-                self._feeding = False
-
-    async def _output_pump(self) -> None:
-        async for message in self.graph.outputs():
-            self.apply(self.protocol.graph_output(message))
-        self.apply(self.protocol.session_ended(self.graph.end_reason or "closed", self.graph.error))
+    # ------------------------------------------------------------------ the 20 ms clock
 
     def tick(self) -> None:
         """The frame clock's tick: the reply's next 20 ms frame, or silence."""
@@ -228,62 +151,13 @@ class PhoneCall:
                 return
             await asyncio.sleep(min(1.0, self.media_timeout_s - idle + 0.01))
 
-    # ------------------------------------------------------------------ protocol actions
+    # ------------------------------------------------------------------ what the link asks of the wire
 
-    def apply(self, actions: list[Action]) -> None:
-        """Carry out the protocol's actions in order. Never awaits (the feeder awaits the graph)."""
-        for action in actions:
-            if isinstance(action, SendEvent):
-                self._event(action.event)
-            elif isinstance(action, SendAudio):
-                self.output.push(action.response_id, action.samples, action.sample_rate)
-            elif isinstance(action, SendToGraph):
-                if not self._inputs and not self._feeding and self._send_now(action):
-                    continue
-                if len(self._inputs) >= MAX_PENDING_INPUTS:
-                    self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
-                    return
-                self._inputs.append(action)
-                self._inputs_changed.set()
-            elif isinstance(action, ControlGraph):
-                if self.graph is not None:
-                    self.graph.control(action.control)
-                if isinstance(action.control, Interrupt):
-                    self._clear_audio(action.control.response_id)
-            elif isinstance(action, HoldPlayback):
-                self.output.hold(action.held)
-            elif isinstance(action, CloseSession):
-                self.close_soon(action.reason)
-
-    def _send_now(self, action: SendToGraph) -> bool:
-        """Straight to the graph when it takes the message without waiting: no hop through the
-        feeder task for each 20 ms packet (as websocket_link.py). Anything else goes the
-        feeder's way, in order."""
-        if self.graph is None:
-            return False
-        try:
-            return self.graph.send_nowait(action.input, action.message)
-        except (RuntimeError, KeyError):
-            return False  # the feeder's send meets the same and deals with it
-
-    def _event(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        self._observe(event)
-        if kind == "response.output_item.added":
-            self._item_of[event["response_id"]] = event["item"]["id"]
-            if len(self._item_of) > 64:
-                del self._item_of[next(iter(self._item_of))]
-        elif kind == "response.done":
-            response_id = event["response"]["id"]
-            if event["response"]["status"] == "cancelled":
-                self._clear_audio(response_id)
-            elif self.output.finish(response_id):
-                self.wire.send_mark(response_id)
-        elif kind == "input_audio_buffer.speech_started":
-            self._send(event)
-            self._barge_in()  # after the event: listeners learn of the speech, then of the clear
-            return
-        self._send(event)
+    def _reply_done(self, response_id: str, cancelled: bool) -> None:
+        if cancelled:
+            self._clear_audio(response_id)
+        elif self.output.finish(response_id):  # its last frame already left, unmarked
+            self.wire.send_mark(response_id)
 
     def _clear_audio(self, response_id: str | None) -> None:
         audible = self.output.clear()
@@ -291,94 +165,13 @@ class PhoneCall:
             self.wire.clear()
             self._send_own("output_audio_buffer.cleared", response_id=audible)
 
-    def _barge_in(self) -> None:
-        """Speech while reply audio is leaving: stop it (when the session interrupts on speech)
-        and keep in the conversation only what was sent."""
-        self.output.hold(False)
-        detection = self.protocol.config.turn_detection
-        playing = self.output.playing
-        if detection is None or not detection.interrupt_response or playing is None:
-            return
-        sent_ms = self.output.played_ms(playing)
-        self._clear_audio(playing)
-        item_id = self._item_of.get(playing)
+    def tick_failed(self, error: BaseException) -> None:
+        self._failed(f"{self.id}:tick", error)
 
-        def truncate() -> None:
-            # After the core has handled the speech (and cancelled a reply still generating).
-            if item_id is not None and item_id in self.protocol.items and not self._closing:
-                event = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": int(sent_ms)}
-                self.apply(self.protocol.receive_text(json.dumps(event)))
-
-        asyncio.get_running_loop().call_soon(truncate)
-
-    def _observe(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed") and self._turn_ended_at is None:
-            self._turn_ended_at = time.monotonic()
-        elif kind == "response.created":
-            started = self._turn_ended_at if self._turn_ended_at is not None else time.monotonic()
-            self._awaiting_audio[event["response"]["id"]] = started
-            self._turn_ended_at = None
-            if len(self._awaiting_audio) > 64:
-                del self._awaiting_audio[next(iter(self._awaiting_audio))]
-
-    def _audio_started(self, response_id: str) -> None:
-        started = self._awaiting_audio.pop(response_id, None)
-        if started is not None and self.metrics is not None:
-            self.metrics.first_audio(self.transport, time.monotonic() - started)
-        self._send_own("output_audio_buffer.started", response_id=response_id)
-
-    def _send_own(self, kind: str, **fields: Any) -> None:
-        self._send({"type": kind, "event_id": f"event_tel_{next(self._event_ids)}", **fields})
-
-    def _send(self, event: dict[str, Any]) -> None:
-        if self.trace is not None:
-            self.trace.observe(event)
-        worded = self.protocol.dialect.outgoing(event)
-        if worded is None or not self.sidebands:
-            return
-        text = json.dumps(worded, separators=(",", ":"))
-        for sideband in list(self.sidebands):
-            sideband.deliver(text)
-
-    # ------------------------------------------------------------------ ending
-
-    # The live-sessions registry's view (session_server/live_sessions.py `SessionHost`).
-    def parked_at(self) -> float | None:
-        return None
-
-    def end(self, reason: str) -> None:
-        self.close_soon(reason)
-
-    def close_soon(self, reason: str) -> None:
-        if not self._closing:
-            asyncio.get_running_loop().create_task(self.close(reason), name=f"{self.id}:close")
-
-    async def close(self, reason: str = "closed") -> None:
-        """End the call and release everything. Idempotent."""
-        if self._closing:
-            await self.closed.wait()
-            return
-        for action in self.protocol.close(reason):  # `session.closed`, unless the core already closed
-            if isinstance(action, SendEvent):
-                self._send(action.event)
-        self._closing = True
+    async def _flush(self) -> None:
         if self._clock is not None:
-            self._clock.leave(self)
-        self.close_reason = self.protocol.close_reason or reason
-        for sideband in list(self.sidebands):
-            sideband.call_ended(self.close_reason)
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            if self.graph is not None:
-                await self.graph.close(self.close_reason)
-            with contextlib.suppress(Exception):
-                await self.wire.hang_up(self.close_reason)
-        finally:
-            self.closed.set()
-            self._on_closed(self)
-            log.info("call %s ended: %s", self.id, self.close_reason)
+            self._clock.leave(self)  # the call is ending: no more frames on the line
+
+    async def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.wire.hang_up(self.close_reason or "closed")

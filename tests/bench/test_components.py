@@ -41,6 +41,9 @@ def test_the_step_costs_are_reported_under_their_interface_names(figures):
     assert thinker["host_syncs_per_step"] == 1  # the chosen ids of the whole batch, nothing else
     assert isinstance(talker["ms_per_frame"], float) and talker["ms_per_frame"] > 0
     assert talker["reply_ms_per_frame"] > 0  # the frames of the spoken turn, apart
+    code2wav = figures["code2wav"]  # one chunk, eager and captured, beside the spoken turn's figures
+    assert code2wav["chunk_ms"] > 0 and code2wav["chunk_ms_captured"] > 0
+    assert code2wav["chunk_ops"] > 0 and code2wav["chunk_ops_captured"] > 0
 
 
 def test_vad_runs_one_window_per_call_and_many_sessions_per_batched_call(monkeypatch):

@@ -35,11 +35,20 @@ def test_every_stage_runs_on_cpu_and_reports_the_interface_keys(tmp_path, capsys
 
 
 def test_graphs_both_times_a_stage_without_a_captured_path_eager_once_and_says_so(tmp_path):
+    assert gpu_probe.main(["--device", "cpu", "--shrink", "16", "--graphs", "both", "--stages", "audio_encoder",
+                           "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu-probe.json").read_text())
+    assert list(report["stages"]) == ["audio_encoder.5s"] and "captured" not in report
+    assert any("no captured steps for audio_encoder.5s" in note for note in report["notes"])
+
+
+def test_graphs_both_times_the_code2wav_chunk_eager_then_captured(tmp_path):
     assert gpu_probe.main(["--device", "cpu", "--shrink", "16", "--graphs", "both", "--stages", "code2wav",
                            "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu-probe.json").read_text())
-    assert list(report["stages"]) == ["code2wav_chunk"] and "captured" not in report
-    assert any("no captured steps for code2wav_chunk" in note for note in report["notes"])
+    eager, captured = report["stages"]["code2wav_chunk"], report["captured"]["code2wav_chunk"]
+    assert eager["graphs"] == "off" and eager["replayed_chunks"] == 0
+    assert captured["graphs"] == "auto" and captured["replayed_chunks"] > 0
 
 
 def test_a_stage_that_does_not_fit_in_memory_is_skipped_with_its_reason(tmp_path, monkeypatch):

@@ -97,10 +97,18 @@ class Sink(Node):
 
 @register_node("test.compute")
 class ComputeNode(Node):
-    """Runs a blocking 'model step' through the compute pool and reports which thread ran it."""
+    """Runs a blocking 'model step' through the compute pool and reports which thread ran it;
+    `params.held`: each step waits for `release` to be set before it goes on."""
 
     inputs = {"turns": (Turn,)}
     outputs = {"done": (TurnDone,)}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stepping = threading.Event()  # set once a step has started
+        self.release = threading.Event()
+        if not self.params.get("held"):
+            self.release.set()
 
     def open_session(self, session):
         node = self
@@ -108,6 +116,8 @@ class ComputeNode(Node):
         class State(NodeSession):
             async def on_message(self, stream, message, emit):
                 def step():
+                    node.stepping.set()
+                    node.release.wait(10)
                     # Blocks its thread for a while, like a forward pass would.
                     threading.Event().wait(0.2)
                     return threading.current_thread().name

@@ -8,6 +8,7 @@ import logging
 
 from graph.background import running, spawn
 from graph.edges import Inbox
+from tests.conftest import eventually
 
 
 async def test_a_spawned_task_nobody_holds_survives_garbage_collection_and_finishes():
@@ -23,8 +24,7 @@ async def test_a_spawned_task_nobody_holds_survives_garbage_collection_and_finis
     gc.collect()
     gate.set()
     await asyncio.wait_for(finished.wait(), 5)
-    await asyncio.sleep(0)
-    assert running() == 0
+    await eventually(lambda: running() == 0, "spawn to let go of the finished task")
 
 
 async def test_a_spawned_task_that_fails_is_logged_not_lost(caplog):
@@ -33,8 +33,7 @@ async def test_a_spawned_task_that_fails_is_logged_not_lost(caplog):
 
     with caplog.at_level(logging.ERROR, logger="graph"):
         spawn(broken(), name="sess_x:close")
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await eventually(lambda: running() == 0, "the broken task to finish")
     assert any("sess_x:close" in r.getMessage() and r.exc_info and "close failed" in str(r.exc_info[1]) for r in caplog.records)
     assert running() == 0
 

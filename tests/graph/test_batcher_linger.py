@@ -8,14 +8,17 @@ import threading
 import pytest
 
 from graph.executor import ComputePool, current_phase
+from tests.conftest import eventually
+from tests.graph.fakes import wait_queued
 
 
 def test_a_lingering_batcher_gathers_the_sessions_of_its_last_batch_again():
     sizes: list[int] = []
-    release = threading.Event()
+    holding, release = threading.Event(), threading.Event()
 
     def batch_fn(items):
         if "hold" in items:
+            holding.set()
             release.wait(5)
         sizes.append(len(items))
         return items
@@ -25,9 +28,9 @@ def test_a_lingering_batcher_gathers_the_sessions_of_its_last_batch_again():
         batcher = compute.batcher("linger-test", batch_fn, max_batch=8, linger_s=5.0)
         try:
             held = asyncio.ensure_future(batcher.submit("hold"))
-            await asyncio.sleep(0.01)  # the worker has taken "hold" and waits on it
+            await eventually(holding.is_set, 'the worker to take "hold"')
             first = [asyncio.ensure_future(batcher.submit(i)) for i in range(4)]
-            await asyncio.sleep(0.01)
+            await wait_queued(batcher.queue_depth, 4)
             release.set()
             await asyncio.gather(held, *first)
             assert sizes == [1, 4]

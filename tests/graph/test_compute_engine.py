@@ -208,7 +208,7 @@ async def test_held_work_starts_as_soon_as_its_release_clock_moves_earlier():
 
         held = asyncio.ensure_future(paced_step())
         await wait_queued(steps.queue_depth, 1)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a negative check, no later event to wait for: it must not start
         assert not held.done()
         release_at[0] = -math.inf  # the reply was interrupted: nothing tells the pool
         async with asyncio.timeout(2):

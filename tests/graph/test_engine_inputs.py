@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from graph.engine_process import _Hosted
+from tests.conftest import eventually
 from tests.graph.ordered_sink import OrderedSink
 
 
@@ -50,8 +51,7 @@ async def test_inputs_go_straight_in_while_there_is_room_and_keep_their_order_on
         hosted.queue("audio", 3)
         hosted.queue("audio", 4)
         session.room.set()
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await eventually(lambda: len(session.taken) == 4, "the feeder to pass messages 2 to 4 on")
         assert session.taken == [1, 2, 3, 4]
         assert link.credits == [(("sess_1", "audio"), 1)] * 4
         hosted.queue("audio", 5)  # the queue is empty again: straight in

@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from graph import sched
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
 
@@ -35,8 +35,7 @@ def test_apply_to_process_switches_threads_started_before_it_too(restore_policy)
     worker = threading.Thread(target=lambda: (seen.append(sched.policy_of(0)), switch.wait(5), seen.append(sched.policy_of(0))))
     worker.start()
     try:
-        while not seen:
-            time.sleep(0.01)
+        wait_until(lambda: seen, "the worker to read its policy", timeout=5)
         assert sched.apply_to_process("batch") == "batch"
         switch.set()
         worker.join(5)

@@ -9,7 +9,8 @@ import pytest
 from graph.errors import SessionRejected
 from graph.messages import Close, Interrupt, Turn, TurnDone, ReplyParams
 from graph.runtime import GraphRuntime
-from tests.graph.fakes import chunk, relay_sink_profile
+from tests.conftest import eventually
+from tests.graph.fakes import chunk, occupy, relay_sink_profile, wait_queued
 
 
 def compute_profile() -> dict:
@@ -77,7 +78,9 @@ async def test_a_slow_consumer_applies_backpressure_instead_of_growing_queues():
         async with asyncio.timeout(5):  # both inboxes fill up
             while session.queue_depths() != {"relay": 4, "sink": 4}:
                 await asyncio.sleep(0.005)
-        await asyncio.sleep(0.1)  # and stay full: the producer waits instead of queueing more
+        # And stay full: a negative check, with no later event to wait for, so the producer gets
+        # a fixed 0.1 s to overrun the bound.
+        await asyncio.sleep(0.1)
         # relay inbox (4) + sink inbox (4) + one message held by each node task: nothing more.
         assert sent <= 4 + 4 + 2
         assert not task.done()
@@ -172,7 +175,9 @@ async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
 
 async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
     profile = compute_profile()
+    profile["nodes"]["model"]["params"] = {"held": True}
     runtime = await started(profile)
+    model = runtime.nodes["model"]
     try:
         session = await runtime.open_session("s")
         ticks = 0
@@ -186,13 +191,18 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
         ticking = asyncio.create_task(ticker())
         await session.send("turns", Turn(reply=ReplyParams()))
         assert len(session.replies) == 1
+        await eventually(model.stepping.is_set, "the model step")
+        ticks_in_step = ticks
+        # The step is held: only a loop that keeps moving meanwhile gets these ticks in.
+        await eventually(lambda: ticks >= ticks_in_step + 5, "the loop to tick during the step")
+        model.release.set()
         (done,) = await take(session, 1)
         ticking.cancel()
         assert isinstance(done, TurnDone)
         assert done.reason.startswith("compute")  # ran on a compute thread, not the loop
-        assert ticks >= 5  # the loop ticked while the 0.2 s step ran
         assert len(session.replies) == 0
     finally:
+        model.release.set()
         await runtime.stop(0)
 
 
@@ -230,19 +240,25 @@ async def test_a_profile_warmup_runs_one_reply_through_the_graph_before_ready():
     profile = {
         "model_id": "m",
         "imports": ["tests.graph.fakes"],
-        "nodes": {"model": {"type": "test.compute"}},
+        "nodes": {"model": {"type": "test.compute", "params": {"held": True}}},
         "inputs": {"turns": "model.turns"},
         "outputs": ["model.done"],
         "warmup": {"input": "turns", "text": "Hello."},
     }
     runtime = GraphRuntime.from_config(profile)
     starting = asyncio.create_task(runtime.start())
-    await asyncio.sleep(0.05)
-    assert not runtime.ready  # the 0.2 s warm-up step is still running
-    await starting
-    assert runtime.ready
-    assert runtime.sessions == {}  # the warm-up session is gone
-    await runtime.stop(0)
+    await eventually(lambda: "model" in runtime.nodes, "the model node to start")
+    model = runtime.nodes["model"]
+    try:
+        await eventually(model.stepping.is_set, "the warm-up reply's step")
+        assert not runtime.ready  # the warm-up reply is held in its step
+        model.release.set()
+        await starting
+        assert runtime.ready
+        assert runtime.sessions == {}  # the warm-up session is gone
+    finally:
+        model.release.set()
+        await runtime.stop(0)
 
 
 async def test_a_session_opens_only_the_nodes_its_inputs_reach():
@@ -279,6 +295,7 @@ async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is
     runtime = await warm_runtime(inline_compute=True)
     relay = runtime.nodes["relay"]
     try:
+        # A negative check: the warmer exposes no tick to wait for, so it gets ten intervals.
         await asyncio.sleep(0.1)
         assert relay.warmed == []  # no session: nothing to keep warm for
         session = await runtime.open_session("live")
@@ -286,6 +303,8 @@ async def test_an_idle_runtime_keeps_its_nodes_warm_only_while_a_live_session_is
             while len(relay.warmed) < 3:
                 await asyncio.sleep(0.01)
         await session.close("client_closed")
+        # Negative checks with no later event to wait for: a unit already past the warmer's
+        # session check may still finish (0.05 s), then none may start (ten intervals).
         await asyncio.sleep(0.05)
         warmed = len(relay.warmed)
         await asyncio.sleep(0.1)
@@ -300,7 +319,7 @@ async def test_keep_warm_does_not_run_for_sessions_whose_turns_are_prefilled_in_
     relay = runtime.nodes["relay"]
     try:
         await runtime.open_session("early", config={"warms_ahead": True})
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a negative check: ten intervals for a unit that must not run
         assert relay.warmed == []  # its turns warm the path themselves
         await runtime.open_session("manual")
         async with asyncio.timeout(5):
@@ -316,13 +335,14 @@ async def test_keeping_warm_waits_while_the_compute_has_other_work():
     gate = threading.Event()
     try:
         await runtime.open_session("live")
-        queued = [asyncio.ensure_future(runtime.compute.run(gate.wait, 10)) for _ in range(2)]  # one runs, one waits
-        await asyncio.sleep(0.05)
+        running = await occupy(runtime.compute, gate)  # the one worker: any unit before it is done
+        waiting = asyncio.ensure_future(runtime.compute.run(gate.wait, 10))
+        await wait_queued(runtime.compute.queue_depth, 1)
         before = len(relay.warmed)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a negative check: ten intervals for a unit that must not run
         assert len(relay.warmed) == before  # work was waiting all along
         gate.set()
-        await asyncio.gather(*queued)
+        await asyncio.gather(running, waiting)
         async with asyncio.timeout(5):
             while len(relay.warmed) == before:
                 await asyncio.sleep(0.01)
@@ -346,6 +366,8 @@ async def test_a_busy_engine_is_not_kept_warm():
             while not relay.warmed:
                 await asyncio.sleep(0.01)
         loader = asyncio.create_task(load())
+        # Negative checks with no later event to wait for: the warmer first sees a busy interval
+        # (0.05 s), then must run nothing while the load goes on (0.3 s: the busy loop ticks slowly).
         await asyncio.sleep(0.05)
         before = len(relay.warmed)
         await asyncio.sleep(0.3)

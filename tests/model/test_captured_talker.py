@@ -51,7 +51,7 @@ def test_captured_frames_give_the_eager_codes_and_logits_as_replies_join_and_lea
             for reply in pairs["C"]:
                 reply.cancel()
         live = [name for name, start in joins.items() if start <= frame and not pairs[name][0].finished]
-        decoding = sum(1 for name in live if pairs[name][1]._cache is not None)
+        decoding = sum(1 for name in live if pairs[name][1].prefill_cache is not None)
         if decoding:
             sizes.add(padded_batch(decoding))
         outputs = [step_replies([pairs[name][side] for name in live]) for side in (0, 1)]
@@ -63,8 +63,8 @@ def test_captured_frames_give_the_eager_codes_and_logits_as_replies_join_and_lea
             assert torch.equal(want, got), (frame, name)
             e, c = pairs[name]
             torch.testing.assert_close(_logits(captured, c), _logits(eager, e), rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(c._next_embeds, e._next_embeds, rtol=1e-5, atol=1e-5)
-            assert torch.equal(c._last_position, e._last_position)
+            torch.testing.assert_close(c.next_embeds, e.next_embeds, rtol=1e-5, atol=1e-5)
+            assert torch.equal(c.last_position, e.last_position)
     unit_frames = captured.frame_unit.frames
     assert unit_frames >= 10 and captured.frame_unit.replays == unit_frames  # every decode frame replayed
     assert {1, 2, 8} <= sizes  # padding rows: 5 replies in a padded batch of 8 among them

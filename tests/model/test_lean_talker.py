@@ -189,15 +189,15 @@ def test_the_lean_talker_decode_forward_gives_the_hf_forwards_outputs(experts, t
         assert layer.moe and layer.shared is not None and layer.dense_experts
         if experts == "the experts module":
             monkeypatch.setattr(layer, "dense_experts", False)
-    lengths = [slots.cache.length(reply._slot) for reply in replies]
-    positions = [reply._last_position for reply in replies]
+    lengths = [slots.cache.length(reply.slot) for reply in replies]
+    positions = [reply.last_position for reply in replies]
 
     def forward():
         logits, hidden = slots.forward(replies, decode_inputs(replies))
-        keys = [slots.cache.row(reply._slot, layer)[0].clone() for reply in replies for layer in range(2)]
+        keys = [slots.cache.row(reply.slot, layer)[0].clone() for reply in replies for layer in range(2)]
         for reply, length, position in zip(replies, lengths, positions):  # undo the step
-            slots.cache.set_length(reply._slot, length)
-            reply._last_position = position
+            slots.cache.set_length(reply.slot, length)
+            reply.last_position = position
         return logits, hidden, keys
 
     lean = forward()
@@ -233,7 +233,7 @@ def test_the_lean_talker_prefill_group_gives_the_hf_forwards_outputs_bit_for_bit
 
     for lean_reply, hf_reply, lean_logits, hf_logits in zip(lean_replies, hf_replies, lean, hf):
         assert torch.equal(lean_logits, hf_logits) and torch.equal(lean_reply.last_hidden, hf_reply.last_hidden)
-        for lean_layer, hf_layer in zip(lean_reply._cache.layers, hf_reply._cache.layers):
+        for lean_layer, hf_layer in zip(lean_reply.prefill_cache.layers, hf_reply.prefill_cache.layers):
             assert torch.equal(lean_layer.keys, hf_layer.keys) and torch.equal(lean_layer.values, hf_layer.values)
 
 

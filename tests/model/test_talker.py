@@ -357,8 +357,8 @@ def test_replies_that_start_together_are_prefilled_in_one_forward_as_each_is_alo
     for index in range(5):
         reply = prefill_cases(talker, tokenizer)[index]
         logits = prefill_replies([reply])[0]
-        alone.append((logits, reply.last_hidden, reply._last_position, reply.prefill_tokens, _kept_kv(reply)))
-        assert reply._slot is None  # alone: on its own cache, as before batching
+        alone.append((logits, reply.last_hidden, reply.last_position, reply.prefill_tokens, _kept_kv(reply)))
+        assert reply.slot is None  # alone: on its own cache, as before batching
 
     replies = prefill_cases(talker, tokenizer)
     forwards = slots.forwards
@@ -369,14 +369,14 @@ def test_replies_that_start_together_are_prefilled_in_one_forward_as_each_is_alo
     for reply, logits, (alone_logits, hidden, position, tokens, (kv_length, kv)) in zip(replies, together, alone):
         assert torch.allclose(logits, alone_logits, rtol=0, atol=1e-5)
         assert torch.allclose(reply.last_hidden, hidden, rtol=0, atol=1e-5)
-        assert torch.equal(reply._last_position, position) and reply.prefill_tokens == tokens
+        assert torch.equal(reply.last_position, position) and reply.prefill_tokens == tokens
         together_length, together_kv = _kept_kv(reply)  # what the history keeps for the next reply
         assert together_length == kv_length and len(together_kv) == len(kv)
         for (keys, values), (alone_keys, alone_values) in zip(together_kv, kv):
             assert keys.shape == alone_keys.shape
             assert torch.allclose(keys, alone_keys, rtol=0, atol=1e-5)
             assert torch.allclose(values, alone_values, rtol=0, atol=1e-5)
-        assert slots.cache.length(reply._slot) == reply._cache.get_seq_length()  # its decode row, from the prefill
+        assert slots.cache.length(reply.slot) == reply.prefill_cache.get_seq_length()  # its decode row, from the prefill
 
 
 def test_replies_prefilled_together_speak_the_frames_each_speaks_alone(talker, tiny_checkpoint):
@@ -407,7 +407,7 @@ def test_a_reply_whose_prefill_input_fails_fails_alone_and_the_others_prefill_to
 
     results = step_replies([replies[0], bad, *replies[1:]])
 
-    assert isinstance(results[1], IndexError) and bad._cache is None and bad._slot is None
+    assert isinstance(results[1], IndexError) and bad.prefill_cache is None and bad.slot is None
     assert torch.equal(results[0], first_alone)
     assert all(result.shape == (talker.num_code_groups,) for result in results[2:])
     assert slots.forwards == forwards + 1
@@ -433,5 +433,5 @@ def test_prefills_past_the_token_budget_go_in_the_next_forward(talker, tiny_chec
     assert all(isinstance(result, torch.Tensor) for result in results)
     assert groups[0] == sorted(lengths, reverse=True)[:2]  # longest first, as many as fit
     assert all(len(group) * max(group) <= budget for group in groups)  # each forward within the budget
-    alone = sum(reply._slot is None for reply in replies)  # a group of one runs alone, on its own cache
+    alone = sum(reply.slot is None for reply in replies)  # a group of one runs alone, on its own cache
     assert sum(len(group) for group in groups) + alone == len(replies) and len(groups) + alone >= 2

@@ -17,17 +17,17 @@ def test_a_reply_decodes_in_a_row_that_it_gives_back_when_it_ends(talker, prompt
 
     step_replies([ending])  # prefills, each alone: no row yet (prefills together: test_talker.py)
     step_replies([cancelled])
-    assert ending._slot is None and cancelled._slot is None
-    prefill_length = ending._cache.get_seq_length()
+    assert ending.slot is None and cancelled.slot is None
+    prefill_length = ending.prefill_cache.get_seq_length()
     step_replies([ending, cancelled])  # first decode step: both join, one forward for both
     assert slots.cache.rows_in_use == in_use + 2
-    assert slots.cache.length(ending._slot) == prefill_length + 1
-    assert ending._cache.get_seq_length() == prefill_length  # what the history keeps is the prefill's KV
+    assert slots.cache.length(ending.slot) == prefill_length + 1
+    assert ending.prefill_cache.get_seq_length() == prefill_length  # what the history keeps is the prefill's KV
 
     cancelled.cancel()
     results = step_replies([ending, cancelled])
-    assert results[1] is None and cancelled._slot is None
+    assert results[1] is None and cancelled.slot is None
     while step_replies([ending])[0] is not None:
         pass
-    assert ending.finish_reason == "frame_limit" and ending._slot is None
+    assert ending.finish_reason == "frame_limit" and ending.slot is None
     assert slots.cache.rows_in_use == in_use

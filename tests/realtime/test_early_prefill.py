@@ -23,6 +23,7 @@ from graph.messages import (
     SpeechPaused,
     SpeechStarted,
     SpeechStopped,
+    Stage,
     Turn,
 )
 from graph.runtime import GraphRuntime
@@ -102,7 +103,7 @@ async def test_a_session_warms_ahead_exactly_when_its_vad_says_pauses():
         try:
             session = await runtime.open_session("s", config={"turn_detection": turn_detection})
             assert session.warms_ahead() is expected, (params, turn_detection)
-            await session.send("in", Configure(target="silero_vad", config={"turn_detection": None}))  # a session.update turning VAD off
+            await session.send("in", Configure(target=Stage.VAD, config={"turn_detection": None}))  # a session.update turning VAD off
             async with asyncio.timeout(5):
                 while session.warms_ahead():
                     await asyncio.sleep(0.01)
@@ -226,7 +227,7 @@ async def test_speech_resuming_retracts_the_speculation_and_the_stop_commits_the
 @pytest.mark.parametrize(
     "during_pause",
     [Clear(), CreateResponse(reply=ReplyParams(response_id="resp_x")), Commit(), ImageFrame(image=b"late", media_ms=850),
-     Configure(target="dialog", config={"auto_reply": ReplyParams(voice="cedar")})],
+     Configure(target=Stage.DIALOG, config={"auto_reply": ReplyParams(voice="cedar")})],
     ids=["clear", "create_response", "commit", "image", "configure"],
 )
 async def test_anything_else_during_the_pause_retracts_the_speculation_first(dialog_runtime, during_pause):

@@ -6,6 +6,7 @@ import asyncio
 
 from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
 from session_server.realtime.websocket_link import RealtimeSettings, WebSocketLink
+from tests.conftest import eventually
 from tests.graph.ordered_sink import OrderedSink
 
 
@@ -23,8 +24,7 @@ async def test_appends_go_straight_to_the_graph_while_it_has_room_and_keep_their
         graph.full = False  # room again, but 2 is still on its way in
         link.apply([SendToGraph(3), SendToGraph(4)])
         graph.room.set()
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await eventually(lambda: len(graph.taken) == 4, "the feeder to pass messages 2 to 4 on")
         assert graph.taken == [1, 2, 3, 4]
         link.apply([SendToGraph(5)])  # nothing queued any more: straight in
         assert graph.taken[-1] == 5 and graph.direct == 2

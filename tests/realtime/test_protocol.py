@@ -17,6 +17,7 @@ from graph.messages import (
     InputCommitted,
     InputSpeechStarted,
     Interrupt,
+    Stage,
     TextDelta,
     TurnDone,
     TurnQueued,
@@ -177,7 +178,7 @@ def test_beta_field_names_are_accepted_and_answered_in_ga_shape():
     assert session["sglang"]["temperature"] == 0.7  # next to `granted` (sglang_session.py)
     configure = [m for m in graph_messages(actions) if isinstance(m, Command)]
     assert all(isinstance(m, Configure) for m in configure)
-    assert {m.target for m in configure} == {"silero_vad", "dialog"}
+    assert {m.target for m in configure} == {Stage.VAD, Stage.DIALOG}
 
 
 def test_semantic_vad_is_served_by_the_end_of_turn_model_and_says_so():

@@ -15,7 +15,7 @@ import websockets
 from nodes.dialog import DialogSession
 from nodes.vad import VadSession
 from session_server.realtime.protocol import RealtimeProtocol
-from tests.conftest import http_client, running_server
+from tests.conftest import eventually, http_client, running_server
 from tests.realtime.client import API_KEY, b64, raw_client, utterance
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.speech import pcm16
@@ -147,7 +147,9 @@ async def test_200_sessions_opened_and_closed_leave_no_state_behind():
 
         for index in range(10):  # warm-up: allocator pools, caches
             await one_session(index)
-        await asyncio.sleep(0.2)
+        # The baseline is read once the warm-up sessions are torn down, as the end state is.
+        await eventually(lambda: not srv.runtime.sessions, "the warm-up sessions to close")
+        await eventually(lambda: not live_objects(*tracked), "the warm-up sessions' state to be freed")
         rss_before = psutil.Process().memory_info().rss
         for batch in range(0, 200, 8):
             await asyncio.gather(*(one_session(batch + i) for i in range(8)))

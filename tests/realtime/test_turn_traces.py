@@ -182,6 +182,25 @@ async def test_a_webrtc_turn_ends_its_first_audio_span_when_its_audio_reaches_th
     assert steps[-1].end_time == root.end_time
 
 
+async def test_a_phone_turn_ends_its_first_audio_span_when_its_audio_reaches_the_line():
+    from tests.telephony.test_twilio_streams import phone_profile, started_call
+    from tests.telephony.twilio_client import RATE, TwilioStream
+    from tests.webrtc.helpers import until_true
+    from tests.webrtc.helpers import utterance as spoken
+
+    turn_traces, exporter = in_memory()
+    async with running_server(phone_profile(reply={"words": 3, "chunk_ms": 100}), api_key=API_KEY) as srv:
+        srv.state.tracing = turn_traces
+        async with TwilioStream.connect(srv.ws_url, API_KEY) as stream:
+            call = await started_call(srv, stream)
+            await stream.play(spoken(rate=RATE), RATE)
+            await until_true(lambda: any(s.name == "realtime.turn" for s in exporter.get_finished_spans()), timeout=40)
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "realtime.turn"]
+    assert (root.attributes["session.id"], root.attributes["sgl_omni.transport"]) == (call.protocol.session_id, "twilio")
+    assert [s.name for s in children_of(spans, root)] == CHILDREN
+
+
 def test_an_unanswered_turn_ends_at_its_commit_and_an_out_of_band_reply_is_a_trace_of_its_own():
     turn_traces, exporter = in_memory()
     trace = turn_traces.session("sess_1", "websocket")

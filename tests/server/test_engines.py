@@ -31,6 +31,7 @@ from graph.messages import (
     Features,
     InputEnd,
     ReplyParams,
+    Stage,
     TurnMeta,
 )
 from graph.sched import policy_of
@@ -58,7 +59,7 @@ async def test_every_command_crosses_the_engine_link_as_the_same_typed_message()
     sender, receiver = await Link.over(ours), await Link.over(theirs)
     audio = np.linspace(-1, 1, 480, dtype=np.float32)
     sent = [
-        Configure(target="silero_vad", config={"turn_detection": None, "auto_reply": ReplyParams(voice="ethan")}),
+        Configure(target=Stage.VAD, config={"turn_detection": None, "auto_reply": ReplyParams(voice="ethan")}),
         Commit(), Clear(), InputEnd(),
         AddItem(item_id="item_a", role="user", text="hi", images=(b"png",), insert_after=["item_0"], sample_rate=24000),
         AddItem(item_id="item_b", role="assistant", call={"name": "f", "arguments": "{}"}),

@@ -1,6 +1,5 @@
 """Operations routes: health, models, metrics, API keys, startup failure, SIGTERM."""
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import free_port, http_client, running_server, serve_process
+from tests.conftest import eventually, free_port, http_client, running_server, serve_process
 from tests.graph.fakes import chunk, relay_sink_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,11 +25,8 @@ async def test_health_is_503_while_loading_then_200():
             loading = await client.get("/health")
             assert loading.status_code == 503
             assert loading.json()["status"] == "loading"
-            for _ in range(300):
-                response = await client.get("/health")
-                if response.status_code == 200:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: server.runtime.ready, "the slow resource to load")
+            response = await client.get("/health")
             assert response.status_code == 200
             assert response.json() == {"status": "ok", "model": "test-model"}
 
@@ -83,16 +79,9 @@ async def test_api_key_is_required_everywhere_but_health_with_the_openai_error_s
 
 async def test_a_checkpoint_that_fails_to_load_is_reported_and_stops_the_server():
     async with running_server(slow_loading_profile(0, path="/nonexistent"), wait_ready=False) as server:
-        for _ in range(200):
-            if server.state.startup_error:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: server.state.startup_error, "the startup error")
         assert "checkpoint directory /nonexistent does not exist" in server.state.startup_error
-        for _ in range(200):
-            if server.server.should_exit:
-                break
-            await asyncio.sleep(0.02)
-        assert server.server.should_exit
+        await eventually(lambda: server.server.should_exit, "the server to stop")
 
 
 def test_cli_rejects_an_invalid_profile_before_opening_the_port(tmp_path):

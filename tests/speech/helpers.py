@@ -1,8 +1,7 @@
-"""Small helpers shared by the speech tests: decoding responses, reading SSE, polling."""
+"""Small helpers shared by the speech tests: decoding responses, reading SSE."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -48,13 +47,3 @@ def parse_sse(text: str) -> list[tuple[str, dict]]:
 
 def sse_audio(events: list[tuple[str, dict]]) -> bytes:
     return b"".join(base64.b64decode(data["audio"]) for name, data in events if name == "speech.audio.delta")
-
-
-async def eventually(condition, timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll until `condition()` is true (fails the test after `timeout_s`)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}") from None

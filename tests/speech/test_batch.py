@@ -114,7 +114,7 @@ async def test_a_client_leaving_cancels_the_whole_batch(tmp_path):
     from tests.conftest import running_server
     from tests.speech.conftest import speech_service
     from tests.speech.fake_speaker import speaker_profile
-    from tests.speech.helpers import eventually
+    from tests.conftest import eventually
 
     async with running_server(speaker_profile(tmp_path, step_delay_s=0.02), enable_realtime=False) as server:
         node = speaker_node(server)

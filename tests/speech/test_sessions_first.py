@@ -11,10 +11,9 @@ import asyncio
 import httpx
 
 from graph.messages import ReplyParams, Turn, TurnDone
-from tests.conftest import running_server
+from tests.conftest import eventually, running_server
 from tests.speech.conftest import speaker_node
 from tests.speech.fake_speaker import speaker_profile
-from tests.speech.helpers import eventually
 
 
 async def stream_speech(client: httpx.AsyncClient, words: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from configs import builtin_profiles, load_profile
 from graph.runtime import GraphRuntime
-from nodes.qwen3_omni.model import ReplyBounds
+from nodes.qwen3_omni.bounds import ReplyBounds
 from session_server.speech.service import SpeechConfig
 
 SPEECH = "qwen3_omni_speech_h200.yaml"

@@ -5,10 +5,10 @@ import asyncio
 import httpx
 import pytest
 
-from tests.conftest import running_server
+from tests.conftest import eventually, running_server
 from tests.speech.conftest import speaker_node, speech_service
 from tests.speech.fake_speaker import RATE, speaker_profile
-from tests.speech.helpers import eventually, parse_sse, pcm_samples, sdk, sse_audio, wav_samples
+from tests.speech.helpers import parse_sse, pcm_samples, sdk, sse_audio, wav_samples
 
 MODEL = "test-tts"
 
@@ -109,9 +109,11 @@ async def test_client_disconnect_mid_stream_cancels_generation_and_frees_the_exe
             # Nothing of it is left queued on the shared executor; at most the one step that was
             # already running when it closed completes, and then no more steps run for it.
             assert node.batcher.queue_depth() == 0
-            await asyncio.sleep(0.1)
+            await eventually(server.runtime.compute.idle, "the step in progress at the close to finish")
             settled = node.steps[session_id]
             assert settled <= steps_at_close + 1
+            # A negative check with no later event to wait for: ten step times for a step that
+            # must not run.
             await asyncio.sleep(0.2)
             assert node.steps[session_id] == settled
             # The executor serves the next request at once.

@@ -7,10 +7,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import running_server
+from tests.conftest import eventually, running_server
 from tests.speech.conftest import speaker_node, speech_service
 from tests.speech.fake_speaker import RATE, speaker_profile
-from tests.speech.helpers import dominant_hz, eventually, pcm_samples, wav_samples
+from tests.speech.helpers import dominant_hz, pcm_samples, wav_samples
 
 
 def url(server) -> str:

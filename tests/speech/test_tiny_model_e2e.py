@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from tests.conftest import running_server
-from tests.speech.helpers import eventually, parse_sse, pcm_samples, sdk, sse_audio, wav_samples
+from tests.conftest import eventually, running_server
+from tests.speech.helpers import parse_sse, pcm_samples, sdk, sse_audio, wav_samples
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

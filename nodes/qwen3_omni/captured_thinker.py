@@ -1,0 +1,342 @@
+"""Captured steps, the thinker's side: a decode step of B sessions and its choice as ONE unit.
+
+Eager, a thinker decode step (batched_thinker.py `ThinkerRunner.answer`) is `LeanDecode`'s
+layers over a `SlotBatch` (whose views, covering ranges and masks are picked on the host from
+the rows' lengths) and then `ThinkerSampler.choose`, one Python call per operator. `StepUnit.step`
+is the same arithmetic as one function of tensors only, every shape fixed by the padded batch
+size and the KV span it reads (capture.py's `PADDED_BATCHES`, captured.py's `kv_span`): the token
+embedding, the rotary of each row's position, the decoder layers (`captured.span_layers`, shared
+with the talker's frame), the final norm, lm_head, and the greedy choice (repetition penalty,
+the banned ids, argmax). Each `Key` (padded size, penalized, KV span, first rows) is captured
+once (`captured.Captured`: a CUDA graph on CUDA, a TorchScript trace on CPU) and replayed; one
+host read of the chosen ids per step, as eager.
+
+Where it applies (`StepUnit.capturable`): every `Feed` of the step chooses greedily without a
+grammar mask (or chooses nothing: a reply's last token), at most 64 of them, the lean layers
+usable, every row at least two columns short of the cache's capacity (padding rows write its
+last one). A step's `Choose`s (first tokens from prefills) go through the sampler beside it,
+and one read takes all the ids (`ThinkerRunner._captured_answer`). Otherwise the step runs
+eager: sampled choices (their draws: per-session generators and the shared one; the profiles'
+thinker is greedy), tool-call grammar masks (built on the host per step), experts chosen on
+the host (CPU), a size whose capture failed (logged once). Rows that are the cache's rows
+0 .. B-1 are read in place (views over the span); other rows are copied out over the span,
+their padding reading the first row's KV. Padding rows write the cache's last column, past
+every row's length.
+
+The numbers: the logits to float rounding of the eager step's (the same operators but for the
+RMSNorm's `pow(2).mean`, equal to the bit on CPU), the same greedy tokens (tests/model/
+test_captured_thinker.py holds both over many steps, with padding rows and sessions joining and
+leaving between steps). Measurements: docs/notebook/2026-12-07-captured-thinker.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from nodes.qwen3_omni.capture import Captured, PenaltyColumns, padded_batch, python_modes
+from nodes.qwen3_omni.captured import _cache_key, _rms_norm, head_weights_of, kv_span, span_layers, static_layers
+from nodes.qwen3_omni.thinker_requests import Feed
+from nodes.qwen3_omni.thinker_sampling import device_longs
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.lean_decode import LeanDecode
+    from nodes.qwen3_omni.slot_cache import SlotKVCache
+    from nodes.qwen3_omni.thinker_sampling import ThinkerSampler
+
+
+class ThinkerRunner(Protocol):
+    """What the unit reads of its runner (batched_thinker.py's `ThinkerRunner`; named here so that
+    this module does not import the runner, which imports it)."""
+
+    cache: SlotKVCache
+    device: str | torch.device
+    lean_decode: LeanDecode
+    thinker: Any
+    sampler: ThinkerSampler
+
+log = logging.getLogger(__name__)
+
+# A capture's key: (padded batch, whether it applies repetition penalties, KV span, whether its
+# rows are the cache's first rows: read in place, `captured.span_layers`).
+Key = tuple[int, bool, int, bool]
+
+
+class StepInputs:
+    """One decode step's inputs for B rows (see `StepUnit.step`)."""
+
+    __slots__ = ("ids", "positions", "rows", "starts", "ignore_eos", "seen", "penalty")
+
+    def __init__(self, ids, positions, rows, starts, ignore_eos, seen, penalty):
+        self.ids = ids  # [B] long: the token each row is fed
+        self.positions = positions  # [B] long: its rotary position
+        self.rows = rows  # [B] long: its row in the slot cache
+        self.starts = starts  # [B] long: the column it writes (the row's length)
+        self.ignore_eos = ignore_eos  # [B] long: 1 where EOS is banned too (`Sampling.ignore_eos`)
+        self.seen = seen  # [B, V] bool: the context's ids (repetition penalty; read when penalized)
+        self.penalty = penalty  # [B, 1] float32: the repetition penalty (1.0: none)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.__slots__]
+
+
+class StepUnit:
+    """The thinker's captured decode step, one per runner (see the module docstring)."""
+
+    def __init__(self, runner: ThinkerRunner):
+        self.runner = runner
+        self.cache = runner.cache
+        self.device = torch.device(runner.device)
+        self.cuda = self.device.type == "cuda"
+        self.lean = runner.lean_decode
+        self.steps = 0  # steps this unit ran (tests read it)
+        self.replays = 0  # of which replayed a capture
+        self.replayed_rows, self.replayed_key = 0, None  # the rows and key of the last replay
+        self._graphs: dict[Key, _StepGraph] = {}
+        self._failed: set[int] = set()
+        self._penalties = PenaltyColumns(self.device)
+        # Where a capture runs: None, inline in the step that first needs it; else `defer(capture)`
+        # queues it (the thinker node: as idle compute) and steps run as written until it has run.
+        self.defer: Callable[[Callable[[], None]], None] | None = None
+        self._pending: set[Key] = set()
+        self._pool: Any = None  # the CUDA graphs' shared memory pool (`Captured`)
+        # As the talker's frame: attend over the whole cache in place on CUDA once the step's
+        # rows are at least half of the cache's (no copy of the rows' KV), never on CPU.
+        self.attend_in_place: Callable[[int, int], bool] = lambda rows, slots: self.cuda and 2 * rows >= slots
+        self.why_not = self.lean.why_not
+        if self.why_not is not None:
+            return
+        self.layers = self.lean.layers
+        self._head_weights = head_weights_of(self.layers)
+        self.vocab_size = int(runner.thinker.config.text_config.vocab_size)
+        self._unseen = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)  # a row without a penalty
+
+    # ------------------------------------------------------------------ when it applies
+
+    def capturable(self, feeds: list[Feed]) -> tuple[int, bool] | None:
+        """The padded size and penalty flag the step of these `Feed`s replays at, or None: it
+        runs eager. A feed without a choice (a reply's last token) rides along: its token is
+        not read."""
+        if self.why_not is not None or not feeds:
+            return None
+        size = padded_batch(len(feeds))
+        if size is None or size in self._failed or not static_layers(self.layers, size, self.cuda):
+            return None
+        penalized = False
+        for feed in feeds:
+            choice = feed.choice
+            if choice is None:
+                continue
+            if not choice.sampling.greedy or choice.allowed is not None:
+                return None
+            penalized = penalized or float(choice.sampling.repetition_penalty) != 1.0
+        if not self.lean.usable():
+            return None
+        cache = self.cache
+        longest = max(cache.lengths[feed.slot] for feed in feeds)
+        if longest + 2 > cache.capacity and not cache.grow:
+            return None  # padding rows write the last column: the rows must stay short of it
+        return size, penalized
+
+    @torch.inference_mode()
+    def prepare(self, requests: list[Feed], steps: int) -> int:
+        """Capture now what the next `steps` steps of these feeds' rows will replay (benchmarks
+        time steps, not captures). -> the captures made."""
+        captured = self.capturable(requests)
+        if captured is None:
+            return 0
+        size, penalized = captured
+        cache = self.cache
+        made = 0
+        with cache.lock:
+            longest = max(cache.lengths[request.slot] for request in requests)
+            cache._ensure_capacity(longest + steps + 2)
+            first_rows = self._first_rows(sorted(request.slot for request in requests), size)
+            for span in sorted({kv_span(longest + 1 + k, cache.capacity) for k in range(steps)}):
+                key = (size, penalized, span, first_rows)
+                graph = self._graphs.get(key)
+                if graph is None or graph.key != _cache_key(cache):
+                    made += self._make(key, requests[0].slot) is not None
+        return made
+
+    # ------------------------------------------------------------------ one step of B rows
+
+    @torch.inference_mode()
+    def run(self, feeds: list[Feed], size: int, penalized: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of `feeds` (`capturable`, every owner holding its row, in slot order):
+        (logits [B, V], greedy tokens [B] long), on the device, nothing read; the caller reads
+        the tokens once. Commits each row's new column."""
+        cache = self.cache
+        with cache.lock:
+            if len({feed.slot for feed in feeds}) != len(feeds):
+                raise ValueError("a row can appear only once in a forward")
+            starts = [cache.lengths[feed.slot] for feed in feeds]
+            cache._ensure_capacity(max(starts) + 2)  # one column more: padding rows write the last
+            inputs = self._inputs(feeds, starts, penalized)
+            first_rows = self._first_rows([feed.slot for feed in feeds], size)
+            logits, tokens = self._step(inputs, size, penalized, max(starts) + 1, first_rows)
+            for feed, start in zip(feeds, starts):
+                cache.lengths[feed.slot] = start + 1
+        self.steps += 1
+        return logits, tokens
+
+    def _inputs(self, feeds: list[Feed], starts: list[int], penalized: bool) -> StepInputs:
+        choices = [feed.choice for feed in feeds]
+        ignore = [int(choice is not None and bool(choice.sampling.ignore_eos)) for choice in choices]
+        host = [[f.token for f in feeds], [f.position for f in feeds], [f.slot for f in feeds], starts, ignore]
+        ids, positions, rows, starts_t, ignore_eos = device_longs(host, self.device).unbind()  # one copy
+        seen = penalty = None
+        if penalized:
+            blank = self._unseen
+            seen = torch.stack([blank if c is None or c.seen is None else c.seen for c in choices])
+            penalty = self._penalties(tuple(1.0 if c is None else float(c.sampling.repetition_penalty) for c in choices))
+        return StepInputs(ids, positions, rows, starts_t, ignore_eos, seen, penalty)
+
+    def _first_rows(self, slots: list[int], size: int) -> bool:
+        """Whether a step on `slots` reads the cache's first `size` rows in place: they are its
+        rows 0 .. B-1 (the padding rows then are the next ones, each writing its last column),
+        as the rows of a server's first sessions are (rows are handed out low first). On CUDA
+        the in-place form over the whole cache takes the large batches (`attend_in_place`)."""
+        return size <= self.cache.slots and slots == list(range(len(slots)))
+
+    def _step(self, inputs: StepInputs, size: int, penalized: bool, kv_length: int, first_rows: bool):
+        rows = inputs.rows.shape[0]
+        if not self.cuda and python_modes():
+            # The CPU trace cannot run under a Python dispatch mode (benchmarks/dispatch_counts.py
+            # counts one): the step runs as written, the same aten calls the trace makes.
+            return self.step(inputs, kv_length, penalized, first_rows)
+        cache = self.cache
+        key = (size, penalized, kv_span(kv_length, cache.capacity), first_rows)
+        graph = self._graphs.get(key)
+        if graph is None or graph.key != _cache_key(cache):
+            if self.defer is not None and self._deferred(key):  # captured in idle time; this step runs as written
+                return self.step(inputs, kv_length, penalized, first_rows)
+            graph = self._make(key, int(inputs.rows[0]))
+            if graph is None:
+                return self.step(inputs, kv_length, penalized, first_rows)
+        self.replays += 1
+        self.replayed_rows, self.replayed_key = rows, key
+        return graph.replay(inputs, rows)
+
+    # ------------------------------------------------------------------ the unit itself
+
+    def step(self, inputs: StepInputs, kv_length: int, penalized: bool,
+             first_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode step as tensor ops: (logits [B, V] in the model's dtype, greedy tokens [B]
+        long). `kv_length`: the KV columns read (a `kv_span` when captured, the longest row + 1
+        as written). The choice is `ThinkerSampler._pick`'s greedy arithmetic, per row."""
+        lean = self.lean
+        hidden = F.embedding(inputs.ids, lean.embed.weight, lean.embed.padding_idx)  # [B, D]
+        cos, sin = lean.rotary(inputs.positions, hidden.dtype)
+        in_place = self.attend_in_place(hidden.shape[0], self.cache.slots)
+        hidden = span_layers(self.layers, self._head_weights, hidden, cos, sin, self.cache, inputs.rows, inputs.starts,
+                             kv_length, in_place, lean.hidden_size, first_rows=first_rows and not in_place)
+        hidden = _rms_norm(hidden, lean.norm, lean.norm_eps, lean.hidden_size)
+        logits = F.linear(hidden, lean.lm_head.weight, lean.lm_head.bias)  # [B, V]
+        scores = logits if logits.dtype == torch.float32 else logits.float()
+        if penalized:  # RepetitionPenaltyLogitsProcessor on the seen ids (1.0: the logit as it is)
+            scaled = torch.where(scores < 0, scores * inputs.penalty, scores / inputs.penalty)
+            scores = torch.where(inputs.seen, scaled, scores)
+        banned = self.runner.sampler.banned.index_select(0, inputs.ignore_eos)  # [B, V]
+        scores = scores.masked_fill(banned, -float("inf"))
+        return logits, torch.argmax(scores, dim=-1)
+
+    # ------------------------------------------------------------------ captures
+
+    def _deferred(self, key: Key) -> bool:
+        """Queue `key`'s capture with `defer` (once). False: the hook's loop is gone (the node
+        that set it has stopped; the runner outlives it): captures run inline from now on."""
+        if key in self._pending:
+            return True
+        try:
+            self.defer(functools.partial(self._capture, key))
+        except RuntimeError:  # "Event loop is closed"
+            self.defer = None
+            return False
+        self._pending.add(key)
+        return True
+
+    @torch.inference_mode()
+    def _capture(self, key: Key) -> None:
+        """Capture `key` now (what `defer` runs): every row is padding, on row 0's last column."""
+        self._pending.discard(key)
+        cache = self.cache
+        with cache.lock:
+            if max(cache.lengths) + 2 > cache.capacity and not cache.grow:
+                return
+            cache._ensure_capacity(max(cache.lengths) + 2)
+            graph = self._graphs.get(key)
+            if key[0] not in self._failed and key[2] <= cache.capacity and (graph is None or graph.key != _cache_key(cache)):
+                self._make(key, 0)
+
+    def _make(self, key: Key, row: int) -> _StepGraph | None:
+        try:
+            graph = self._graphs[key] = _StepGraph(self, key, row)
+            return graph
+        except Exception:  # noqa: BLE001 - capture is an optimisation: the step still runs
+            log.warning("thinker decode steps of padded batch %s cannot be captured; they run eager", key[0],
+                        exc_info=True)
+            self._failed.add(key[0])
+            self._graphs.pop(key, None)
+            return None
+
+
+class _StepGraph:
+    """One `Key`'s captured step on static inputs (`Captured`). Padding rows feed token 0 at
+    position 0 on the step's first row (with `first_rows`: on the rows after the step's), writing
+    the cache's last column (kept past every row's length by `StepUnit.run`)."""
+
+    def __init__(self, unit: StepUnit, key: Key, row: int):
+        size, penalized, span, first_rows = key
+        cache = unit.cache
+        self.unit, self.size, self.key = unit, size, _cache_key(cache)
+        self.cuda = unit.cuda
+        longs = {"dtype": torch.long, "device": unit.device}
+        self.inputs = StepInputs(
+            torch.zeros(size, **longs),
+            torch.zeros(size, **longs),
+            torch.arange(size, **longs) if first_rows else torch.full((size,), row, **longs),
+            torch.full((size,), cache.capacity - 1, **longs),
+            torch.zeros(size, **longs),
+            torch.zeros((size, unit.vocab_size), dtype=torch.bool, device=unit.device),
+            torch.ones((size, 1), dtype=torch.float32, device=unit.device),
+        )
+        thinker = unit.runner.thinker
+        unit.runner.sampler  # built now (its banned masks moved to the device), not inside a CUDA capture
+        self.first_rows = first_rows
+        self._padding_rows = torch.arange(size, **longs)
+        if self.cuda and unit._pool is None:
+            unit._pool = torch.cuda.graph_pool_handle()  # one memory pool for all its graphs
+
+        def step(*tensors: torch.Tensor):
+            return unit.step(StepInputs(*tensors), span, penalized, first_rows)
+
+        self.captured = Captured(step, tuple(self.inputs.tensors()), (thinker,), unit._pool)
+        # Every row of the warm-ups, capture and trace was padding: they wrote `row`'s last column only.
+
+    def replay(self, inputs: StepInputs, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        static = self.inputs
+        given = [(name, getattr(inputs, name)) for name in StepInputs.__slots__]
+        if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
+            return self.captured.run(*[static_value if value is None else value
+                                       for (_, value), static_value in zip(given, static.tensors())])
+        for name, value in given:
+            if value is not None:
+                getattr(static, name)[:rows].copy_(value, non_blocking=True)
+        if rows < self.size:  # padding rows: the first row's (or their own row's) last column
+            if self.first_rows:
+                static.rows[rows:].copy_(self._padding_rows[rows:])
+            else:
+                static.rows[rows:].copy_(static.rows[:1].expand(self.size - rows))  # (fill_ would read it to the host)
+            static.starts[rows:].fill_(self.unit.cache.capacity - 1)
+        logits, tokens = self.captured.run(*static.tensors())
+        if self.cuda:  # the graph's outputs are overwritten by its next replay
+            return logits[:rows].clone(), tokens[:rows].clone()
+        if rows == self.size:
+            return logits, tokens
+        return logits[:rows], tokens[:rows]
