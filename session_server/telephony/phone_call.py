@@ -7,8 +7,8 @@
 A wire (the carrier media stream of twilio.py, RTP of a SIP call in sip_media.py) moves bytes and says what its
 caller did; every protocol rule stays in `session_server/realtime/protocol.py`. The core is
 built with `audio_deltas=False`, as for WebRTC: reply audio comes out as `SendAudio`, is
-resampled to 8 kHz and leaves one 20 ms frame per tick of the loop's frame clock (one 20 ms
-monotonic clock for every call: frame_clock.py). What a phone call adds to the core:
+resampled to 8 kHz and leaves one 20 ms frame per 20 ms of the loop's frame clock (one
+monotonic schedule for every call, each call at its own phase: frame_clock.py). What a phone call adds to the core:
 
 - barge-in: the core's Interrupt (speech during a reply, `response.cancel`) clears the outbound
   queue, so the next tick sends nothing of the reply, and the wire tells the far end to drop

@@ -1,8 +1,10 @@
-"""FrameClock: one 20 ms clock for every phone call of a loop."""
+"""FrameClock: one 20 ms clock for every phone call of a loop, each call at its own phase."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 
 from session_server.telephony.frame_clock import FRAME_S, MAX_LAG_S, FrameClock
 from tests.webrtc.helpers import until_true
@@ -37,16 +39,38 @@ class FakeTime:
         await asyncio.sleep(0)
 
 
-async def test_every_joined_call_sends_its_frame_in_the_same_tick():
-    clock = FrameClock()
-    calls = [Call(clock) for _ in range(3)]
+async def test_joined_calls_take_phases_spread_evenly_over_the_20_ms():
+    fake = FakeTime()
+    clock = FrameClock(now=fake.now, sleep=fake.sleep)
+    calls = [Call(clock) for _ in range(4)]
     for call in calls:
         clock.join(call)
-    await until_true(lambda: clock.ticks >= 5, timeout=5, step=0.005)
-    ticks = [[n for n, _ in call.ticked_at] for call in calls]
-    assert ticks[0] == ticks[1] == ticks[2] == list(range(1, len(ticks[0]) + 1))
+    assert sorted(clock.phase_of(call) for call in calls) == pytest.approx([0.0, 0.005, 0.010, 0.015])
+    left = clock.phase_of(calls[1])
+    clock.leave(calls[1])  # the widest gap is now where it was: the next call takes its place
+    newcomer = Call(clock)
+    clock.join(newcomer)
+    assert clock.phase_of(newcomer) == pytest.approx(left)
+    for call in [calls[0], *calls[2:], newcomer]:
+        clock.leave(call)
+
+
+async def test_each_call_sends_every_20_ms_at_its_phase_not_all_in_one_burst():
+    fake = FakeTime()
+    clock = FrameClock(now=fake.now, sleep=fake.sleep)
+    calls = [Call(clock) for _ in range(4)]
+    for call in calls:
+        clock.join(call)
+    await until_true(lambda: all(len(call.ticked_at) >= 5 for call in calls), timeout=5, step=0.001)
     for call in calls:
         clock.leave(call)
+    for call in calls:
+        times = [at for _, at in call.ticked_at]
+        assert [round(b - a, 9) for a, b in zip(times, times[1:])] == [FRAME_S] * (len(times) - 1)
+    wake_ups = [n for call in calls for n, _ in call.ticked_at]
+    assert len(set(wake_ups)) == len(wake_ups)  # one call's frame per wake-up: no burst
+    firsts = sorted(call.ticked_at[0][1] for call in calls)
+    assert [round(b - a, 9) for a, b in zip(firsts, firsts[1:])] == [0.005] * 3
 
 
 async def test_ticks_keep_an_absolute_20_ms_schedule_so_oversleeping_does_not_accumulate():
@@ -61,7 +85,7 @@ async def test_ticks_keep_an_absolute_20_ms_schedule_so_oversleeping_does_not_ac
         assert start + n * FRAME_S <= at <= start + n * FRAME_S + 0.004 + 1e-9  # never early, late by one oversleep at most
 
 
-async def test_a_stalled_loop_restarts_the_schedule_instead_of_bursting_the_missed_frames():
+async def test_a_stalled_loop_skips_to_the_calls_next_slot_instead_of_bursting_the_missed_frames():
     fake = FakeTime()
     clock = FrameClock(now=fake.now, sleep=fake.sleep)
 
@@ -76,8 +100,8 @@ async def test_a_stalled_loop_restarts_the_schedule_instead_of_bursting_the_miss
     await until_true(lambda: clock.ticks >= 10, timeout=5, step=0.001)
     clock.leave(call)
     times = [at for _, at in call.ticked_at]
-    resumed = times[3]  # the first tick after the stall: at once, then 20 ms apart again
-    assert resumed == times[2] + 5 * MAX_LAG_S
+    resumed = times[3]  # the first tick after the stall: at its phase's next slot, then 20 ms apart again
+    assert times[2] + 5 * MAX_LAG_S <= resumed <= times[2] + 5 * MAX_LAG_S + FRAME_S + 1e-9
     assert [round(b - a, 6) for a, b in zip(times[3:10], times[4:10])] == [FRAME_S] * 6  # not the 25 missed frames in a burst
 
 
@@ -86,9 +110,8 @@ async def test_a_call_whose_tick_raises_is_told_and_dropped_while_the_others_go_
     broken, fine = Call(clock, fails=True), Call(clock)
     clock.join(broken)
     clock.join(fine)
-    await until_true(lambda: clock.ticks >= 3, timeout=5, step=0.005)
+    await until_true(lambda: len(fine.ticked_at) >= 3 and broken.failed is not None, timeout=5, step=0.005)
     assert isinstance(broken.failed, RuntimeError) and len(clock) == 1
-    assert len(fine.ticked_at) >= 3
     clock.leave(fine)
 
 
