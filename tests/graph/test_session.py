@@ -208,15 +208,26 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
 
 async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
     profile = compute_profile()
+    profile["nodes"]["model"]["params"] = {"held": True}
     runtime = await started(profile)
-    session = await runtime.open_session("s")
-    await session.send("turns", Turn(reply=ReplyParams()))
-    t0 = time.monotonic()
-    await runtime.stop(5)
-    assert session.end_reason == "server_shutdown"
-    assert time.monotonic() - t0 < 4  # it waited for the reply, not the whole grace period
-    outputs = [m async for m in session.outputs()]
-    assert [type(m) for m in outputs] == [TurnDone]
+    model = runtime.nodes["model"]
+    try:
+        session = await runtime.open_session("s")
+        await session.send("turns", Turn(reply=ReplyParams()))
+        await eventually(model.stepping.is_set, "the reply's step")
+        # A grace no test run reaches: the drain can only return because the reply finished.
+        draining = asyncio.create_task(runtime.drain(3600))
+        await eventually(lambda: runtime.shutting_down, "the drain to begin")
+        assert not draining.done() and session.end_reason is None  # the held reply keeps it open
+        model.release.set()
+        await eventually(draining.done, "the drain to return once the reply finished")
+        assert session.end_reason == "server_shutdown"
+        # The reply's end reached the client before the close: the drain waited for it.
+        outputs = [m async for m in session.outputs()]
+        assert [type(m) for m in outputs] == [TurnDone]
+    finally:
+        model.release.set()
+        await runtime.stop(0)
 
 
 async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():
