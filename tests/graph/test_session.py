@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -173,11 +174,16 @@ async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
         await runtime.stop(0)
 
 
-async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
+async def started_held() -> tuple[GraphRuntime, Any]:
+    """The compute profile's runtime and its model node, whose steps wait for `model.release`."""
     profile = compute_profile()
     profile["nodes"]["model"]["params"] = {"held": True}
     runtime = await started(profile)
-    model = runtime.nodes["model"]
+    return runtime, runtime.nodes["model"]
+
+
+async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
+    runtime, model = await started_held()
     try:
         session = await runtime.open_session("s")
         ticks = 0
@@ -207,10 +213,7 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
 
 
 async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
-    profile = compute_profile()
-    profile["nodes"]["model"]["params"] = {"held": True}
-    runtime = await started(profile)
-    model = runtime.nodes["model"]
+    runtime, model = await started_held()
     try:
         session = await runtime.open_session("s")
         await session.send("turns", Turn(reply=ReplyParams()))
