@@ -6,27 +6,38 @@ the rows' lengths) and then `ThinkerSampler.choose`, one Python call per operato
 is the same arithmetic as one function of tensors only, every shape fixed by the padded batch
 size and the KV span it reads (capture.py's `PADDED_BATCHES`, captured.py's `kv_span`): the token
 embedding, the rotary of each row's position, the decoder layers (`captured.span_layers`, shared
-with the talker's frame), the final norm, lm_head, and the greedy choice (repetition penalty,
-the banned ids, argmax). Each `Key` (padded size, penalized, KV span, first rows) is captured
-once (`captured.Captured`: a CUDA graph on CUDA, a TorchScript trace on CPU) and replayed; one
-host read of the chosen ids per step, as eager.
+with the talker's frame), the final norm, lm_head, and the choice: repetition penalty, the
+banned ids, then the argmax (a greedy step) or every row under its own setting (a sampled step:
+`thinker_sampling.choose_rows`, the grammar's allowed ids, temperature, top-k, top-p, min-p, the
+draw; greedy rows take the argmax there too). Each `Key` (padded size, penalized, sampled, KV
+span, first rows) is captured once (`captured.Captured`: a CUDA graph on CUDA, a TorchScript
+trace on CPU) and replayed; one host read of the chosen ids per step, as eager.
 
-Where it applies (`StepUnit.capturable`): every `Feed` of the step chooses greedily without a
-grammar mask (or chooses nothing: a reply's last token), at most 64 of them, the lean layers
+A sampled step's inputs beyond the greedy one's: each row's setting as `[5, B]` float columns
+(`row_settings`, padding rows greedy: one copy), the draw's noise `q` `[B, V]` and the grammar's
+allowed ids `[B, V]` bool (all true for a row without one; a non-blocking copy into a static
+buffer shared by the size's sampled graphs). The noise is drawn before the replay, outside what
+is captured, by `ThinkerSampler.noise`: the rows without a seed in one call on the device's
+default generator, each seeded row from its own generator, exactly as the eager sampler draws
+it, so that the captured step picks the eager tokens for the same noise. Why a flag in the key
+and not one unit with greedy as temperature 0: the sampled choice (two sorts of `[B, V]`, three
+softmaxes) made greedy steps slower (docs/notebook/2026-12-07-captured-sampling.md).
+
+Where it applies (`StepUnit.capturable`): the step's `Feed`s (a feed that chooses nothing, a
+reply's last token, rides along: its token is not read), at most 64 of them, the lean layers
 usable, every row at least two columns short of the cache's capacity (padding rows write its
 last one). A step's `Choose`s (first tokens from prefills) go through the sampler beside it,
 and one read takes all the ids (`ThinkerRunner._captured_answer`). Otherwise the step runs
-eager: sampled choices (their draws: per-session generators and the shared one; the profiles'
-thinker is greedy), tool-call grammar masks (built on the host per step), experts chosen on
-the host (CPU), a size whose capture failed (logged once). Rows that are the cache's rows
-0 .. B-1 are read in place (views over the span); other rows are copied out over the span,
-their padding reading the first row's KV. Padding rows write the cache's last column, past
-every row's length.
+eager: experts chosen on the host (CPU), a size whose capture failed (logged once). Rows that
+are the cache's rows 0 .. B-1 are read in place (views over the span); other rows are copied
+out over the span, their padding reading the first row's KV. Padding rows write the cache's
+last column, past every row's length.
 
 The numbers: the logits to float rounding of the eager step's (the same operators but for the
-RMSNorm's `pow(2).mean`, equal to the bit on CPU), the same greedy tokens (tests/model/
-test_captured_thinker.py holds both over many steps, with padding rows and sessions joining and
-leaving between steps). Measurements: docs/notebook/2026-12-07-captured-thinker.md.
+RMSNorm's `pow(2).mean`, equal to the bit on CPU), the same tokens, greedy, sampled and masked
+(tests/model/test_captured_thinker.py holds both over many steps, with padding rows and sessions
+joining and leaving between steps). Measurements: docs/notebook/2026-12-07-captured-thinker.md,
+2026-12-07-captured-sampling.md.
 """
 
 from __future__ import annotations
@@ -179,7 +190,8 @@ class StepUnit:
     # ------------------------------------------------------------------ one step of B rows
 
     @torch.inference_mode()
-    def run(self, feeds: list[Feed], size: int, penalized: bool, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, feeds: list[Feed], size: int, penalized: bool,
+            sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode step of `feeds` (`capturable`, every owner holding its row, in slot order):
         (logits [B, V], chosen tokens [B] long), on the device, nothing read; the caller reads
         the tokens once. Commits each row's new column. A sampled step draws its noise first
@@ -304,7 +316,8 @@ class StepUnit:
                 return
             cache._ensure_capacity(max(cache.lengths) + 2)
             graph = self._graphs.get(key)
-            if key[0] not in self._failed and key[3] <= cache.capacity and (graph is None or graph.key != _cache_key(cache)):
+            stale = graph is None or graph.key != _cache_key(cache)
+            if key[0] not in self._failed and key[3] <= cache.capacity and stale:
                 self._make(key, 0)
 
     def _make(self, key: Key, row: int) -> _StepGraph | None:

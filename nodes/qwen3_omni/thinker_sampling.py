@@ -227,7 +227,8 @@ class ThinkerSampler:
             return torch.empty(total, self.vocab_size, device=self.device).exponential_()
         q = torch.ones(total, self.vocab_size, device=self.device)
         if shared:
-            q[device_longs(shared, self.device)] = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_()
+            drawn = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_()
+            q[device_longs(shared, self.device)] = drawn
         for row in sampling:
             generator = choices[row].generator
             if generator is not None:

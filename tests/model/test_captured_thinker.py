@@ -152,7 +152,8 @@ def test_a_grammar_masked_row_picks_only_allowed_ids_and_the_eager_ones(omni):
         masked = {row for row in rows if (row + step) % 3 != 2} if step != 3 else set()
         choices = {}
         for row in rows:
-            sampling = Sampling(temperature=0.8, top_k=20, seed=row, ignore_eos=True) if row % 2 else Sampling(ignore_eos=True)
+            sampled = Sampling(temperature=0.8, top_k=20, seed=row, ignore_eos=True)
+            sampling = sampled if row % 2 else Sampling(ignore_eos=True)
             choices[row] = Choice(sampling, None, None, allowed[row] if row in masked else None)
         answers = []
         for runner in (eager, captured):
