@@ -28,10 +28,10 @@ reply's last token, rides along: its token is not read), at most 64 of them, the
 usable, every row at least two columns short of the cache's capacity (padding rows write its
 last one). A step's `Choose`s (first tokens from prefills) go through the sampler beside it,
 and one read takes all the ids (`ThinkerRunner._captured_answer`). Otherwise the step runs
-eager: experts chosen on the host (CPU), a size whose capture failed (logged once). Rows that
-are the cache's rows 0 .. B-1 are read in place (views over the span); other rows are copied
-out over the span, their padding reading the first row's KV. Padding rows write the cache's
-last column, past every row's length.
+eager: experts chosen on the host (CPU), a size whose capture failed (logged once; a failed
+sampled capture leaves that size's greedy one). Rows that are the cache's rows 0 .. B-1 are
+read in place (views over the span); other rows are copied out over the span, their padding
+reading the first row's KV. Padding rows write the cache's last column, past every row's length.
 
 The numbers: the logits to float rounding of the eager step's (the same operators but for the
 RMSNorm's `pow(2).mean`, equal to the bit on CPU), the same tokens, greedy, sampled and masked
@@ -120,7 +120,7 @@ class StepUnit:
         self.replays = 0  # of which replayed a capture
         self.replayed_rows, self.replayed_key = 0, None  # the rows and key of the last replay
         self._graphs: dict[Key, _StepGraph] = {}
-        self._failed: set[int] = set()
+        self._failed: set[tuple[int, bool]] = set()  # (padded size, sampled) whose capture failed
         self._penalties = PenaltyColumns(self.device)
         # Where a capture runs: None, inline in the step that first needs it; else `defer(capture)`
         # queues it (the thinker node: as idle compute) and steps run as written until it has run.
@@ -149,7 +149,7 @@ class StepUnit:
         if self.why_not is not None or not feeds:
             return None
         size = padded_batch(len(feeds))
-        if size is None or size in self._failed or not static_layers(self.layers, size, self.cuda):
+        if size is None or not static_layers(self.layers, size, self.cuda):
             return None
         penalized = sampled = False
         for feed in feeds:
@@ -158,7 +158,7 @@ class StepUnit:
                 continue
             sampled = sampled or not choice.sampling.greedy or choice.allowed is not None
             penalized = penalized or float(choice.sampling.repetition_penalty) != 1.0
-        if not self.lean.usable():
+        if (size, sampled) in self._failed or not self.lean.usable():
             return None
         cache = self.cache
         longest = max(cache.lengths[feed.slot] for feed in feeds)
@@ -317,7 +317,7 @@ class StepUnit:
             cache._ensure_capacity(max(cache.lengths) + 2)
             graph = self._graphs.get(key)
             stale = graph is None or graph.key != _cache_key(cache)
-            if key[0] not in self._failed and key[3] <= cache.capacity and stale:
+            if (key[0], key[2]) not in self._failed and key[3] <= cache.capacity and stale:
                 self._make(key, 0)
 
     def _make(self, key: Key, row: int) -> _StepGraph | None:
@@ -325,9 +325,9 @@ class StepUnit:
             graph = self._graphs[key] = _StepGraph(self, key, row)
             return graph
         except Exception:  # noqa: BLE001 - capture is an optimisation: the step still runs
-            log.warning("thinker decode steps of padded batch %s cannot be captured; they run eager", key[0],
-                        exc_info=True)
-            self._failed.add(key[0])
+            log.warning("%s thinker decode steps of padded batch %s cannot be captured; they run eager",
+                        "sampled" if key[2] else "greedy", key[0], exc_info=True)
+            self._failed.add((key[0], key[2]))  # a sampled capture failing leaves the greedy one
             self._graphs.pop(key, None)
             return None
 

@@ -259,3 +259,20 @@ def test_a_hook_whose_loop_is_gone_leaves_captures_inline(omni):
     row = runner.cache.acquire()
     runner.answer([Feed(row, 21, 0, None, Choice(Sampling()))])
     assert unit.defer is None and unit.replays == 1
+
+
+def test_a_sampled_capture_that_fails_runs_eager_and_leaves_greedy_steps_captured(omni, monkeypatch):
+    from nodes.qwen3_omni import captured_thinker
+
+    def broken(*args):
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(captured_thinker._ChoiceBuffers, "__init__", broken)
+    runner = ThinkerRunner(omni, slots=2, capacity=64, graphs="auto")
+    unit = runner.step_unit
+    rows = [runner.cache.acquire() for _ in range(2)]
+    sampled = {0: Choice(Sampling(temperature=0.9), torch.Generator().manual_seed(1)), 1: Choice(Sampling())}
+    answers = runner.answer([Feed(row, 20 + row, 0, None, sampled[row]) for row in rows])
+    assert unit.replays == 0 and (2, True) in unit._failed and all(a.token is not None for a in answers)
+    runner.answer([Feed(row, 20 + row, runner.cache.lengths[row], None, Choice(Sampling())) for row in rows])
+    assert unit.replays == 1 and (2, False) not in unit._failed
