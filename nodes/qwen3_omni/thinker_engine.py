@@ -714,8 +714,9 @@ class ThinkerSession:
             visual_mask = image_mask
         return embeds, deepstack or None, visual_mask
 
-    def _positions(self, ids: list[int], turn: dict[str, Any]) -> torch.Tensor:
-        """[3, 1, L] rotary positions of the new tokens, following the context's last position."""
+    def _positions(self, ids: list[int], turn: dict[str, Any], after: int | None = None) -> torch.Tensor:
+        """[3, 1, L] rotary positions of the new tokens, following the context's last position
+        (or `after`: a spare row's, spare_row.py)."""
         device = self.omni.device
         grid = turn.get("image_grid_thw")
         if grid is None:
@@ -730,16 +731,18 @@ class ThinkerSession:
                 use_audio_in_video=False,
                 audio_seqlens=None if lengths is None else lengths.to(device),
             )
-        return positions.long() + self.next_position
+        return positions.long() + (self.next_position if after is None else after)
 
-    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden) -> Work:
+    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden, spare=None) -> Work:
         """The new tokens through the model in chunks of `prefill_chunk_tokens` (one forward request
-        each) -> logits at the last token, accept-layer hidden states of all of them (or None)."""
+        each) -> logits at the last token, accept-layer hidden states of all of them (or None).
+        `spare` (spare_row.py): into that row instead, in its own (smaller) chunks."""
         length = embeds.shape[1]
+        step = self.prefill_chunk_tokens if spare is None else spare.chunk_tokens
         hiddens = []
         visual_before = 0  # visual positions in earlier chunks (deepstack rows are per visual position)
-        for start in range(0, length, self.prefill_chunk_tokens):
-            end = min(length, start + self.prefill_chunk_tokens)
+        for start in range(0, length, step):
+            end = min(length, start + step)
             chunk_mask, chunk_deepstack = None, None
             if visual_mask is not None and deepstack is not None:
                 chunk_mask = visual_mask[:, start:end]
@@ -750,8 +753,9 @@ class ThinkerSession:
                     chunk_mask = None
                 visual_before += count
             logits, hidden = yield Chunk(
-                self._row(), embeds[:, start:end], positions[..., start:end], chunk_deepstack, chunk_mask,
-                self.accept_layer if want_hidden else None, owner=self,
+                self._row() if spare is None else spare.row(), embeds[:, start:end], positions[..., start:end],
+                chunk_deepstack, chunk_mask, self.accept_layer if want_hidden else None,
+                owner=self if spare is None else spare,
             )
             self.tokens_forwarded += end - start
             hiddens.append(hidden)
@@ -796,10 +800,11 @@ class ThinkerSession:
                 role = ids[i + 1]
         return role
 
-    def _user_and_multimodal_masks(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which new tokens belong to a user message, and which are audio/image/video positions."""
+    def _user_and_multimodal_masks(self, ids: list[int], role: Any = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which new tokens belong to a user message, and which are audio/image/video positions
+        (`role`: of the message they follow; default: the context's)."""
         tok = self.tokens
-        role = self._role
+        role = self._role if role == -1 else role
         user = []
         for i, token in enumerate(ids):
             if token == tok.im_start:
