@@ -107,9 +107,10 @@ class SpareRow:
     def give_back(self) -> None:
         """The row goes back to the cache (a plan not adopted, a session closed); idempotent."""
         self.closed = True
-        if self._release is not None:
-            self._release()
-        self._slot = None
+        with self.session._runner.cache.lock:  # a forward on the row never sees it half given back
+            self._slot = None
+            if self._release is not None:
+                self._release()
         self.done.set()
 
     def handed_over(self) -> int:
@@ -229,6 +230,7 @@ def adopt_work(spare: SpareRow) -> Work:
             or session.context_ids[: session.instructions_length] != spare.instruction_ids):
         return None
     dropped = sum(1 for i, _ in conversation if i < index)
+    spare.chunk_tokens = session.prefill_chunk_tokens  # the catch-up is live work: the usual chunks
     length = session.context_length
     live = [(s, session.context_ids[s.start : session.history.end(i, length)]) for i, s in enumerate(segments) if i >= index]
     same = 0

@@ -34,7 +34,8 @@ Invariants (what makes a second turn cost only its new tokens):
 - Truncation (`truncation_plan`, `drop_oldest_work`; the policy is truncation.py): the oldest
   conversation items leave the context together, the KV is kept up to the instructions and what
   stays is re-prefilled once; their segments (and encoder outputs) go with them, so what a
-  session keeps for rebuilds is bounded by its context, not by its length.
+  session keeps for rebuilds is bounded by its context, not by its length. The same result can
+  be built ahead in a spare row and adopted between turns (spare_row.py).
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -527,17 +528,22 @@ class ThinkerSession:
         conversation = self.history.conversation(len(self.context_ids))
         return self.history.segments[conversation[0][0]].start if conversation else len(self.context_ids)
 
-    def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0) -> int:
+    def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0,
+                        future: tuple[int, int] = (0, 0)) -> int:
         """How many of the oldest conversation items must leave the context before `incoming` more
         tokens go in (the turn with the pending closing and its reply's reserve), under `mode`
-        (nodes/qwen3_omni/truncation.py). No forward, no change."""
+        (nodes/qwen3_omni/truncation.py). `future` (turns, tokens each): as if that many turns
+        came first, none of them dropped (a truncation planned ahead: spare_row.py). No forward,
+        no change."""
         if not self.context_ids:
             return 0
         conversation = self.history.conversation(len(self.context_ids))
         instructions = self.instructions_length
         items = [Item(tokens, self.history.segments[i].pairs_with_previous) for i, tokens in conversation]
+        turns, tokens = future
+        items += [Item(tokens)] * turns
         return items_to_drop(items, mode, instructions=instructions, incoming=incoming + len(self.pending),
-                             context=self.max_seq_len, keep_last=keep_last)
+                             context=self.max_seq_len, keep_last=keep_last + turns)
 
     @torch.inference_mode()
     def drop_oldest_work(self, count: int) -> Work:
