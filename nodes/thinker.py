@@ -559,9 +559,10 @@ class ThinkerNodeSession(NodeSession):
             turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
         spare = self.spare
-        if spare is not None and (spare.ready or spare.closed
-                                  or self.engine.truncation_plan(self.truncation, incoming, keep_last=2) > 0):
-            await self._adopt(message, emit)  # built (or the next turn would need it): now, in the pause
+        if spare is not None and (spare.closed or self.engine.truncation_plan(self.truncation, incoming, keep_last=2) > 0):
+            await self._adopt(message, emit)  # the next turn would need it: now, in the pause
+        elif spare is not None:
+            spare.grown.set()  # the build follows the turns until it is needed
         count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         if count > 0:
             await self._truncate(message, count, emit)
@@ -574,8 +575,9 @@ class ThinkerNodeSession(NodeSession):
         """When turns like the last (`turn_tokens` each, reply included) would need a truncation
         within `TRUNCATION_LOOKAHEAD_TURNS`, plan the one the first such turn would make and build
         it in the engine's spare row at idle priority (spare_row.py), if no other session's build
-        holds it. Adopted by `_adopt`: once built, right after a reply; before, when a turn needs
-        the room (it then waits for the rest)."""
+        holds it. Built, it follows the turns (their items prefilled into it as they come, idle
+        too); `_adopt` makes it the context when a truncation is needed: right after a reply, or
+        before a turn that needs the room (which waits for the rest of the build)."""
         if self.node.spare is not None or self.truncation.type == "disabled":
             return
         for ahead in range(1, TRUNCATION_LOOKAHEAD_TURNS + 1):
@@ -610,10 +612,11 @@ class ThinkerNodeSession(NodeSession):
         spare = self.spare
         if spare is None:
             return
-        if not spare.ready and not spare.closed:
+        if not spare.settled.is_set() and not spare.closed:
             spare.priority = PRIORITY_REALTIME
-            self.node.truncations["truncation_waits"] += 1
-            await spare.done.wait()
+            if not spare.ready:
+                self.node.truncations["truncation_waits"] += 1
+            await spare.settled.wait()
         started, before = time.perf_counter(), self.engine.context_length
         result = None
         if spare.ready and not spare.closed:

@@ -8,10 +8,12 @@ it (`plan`: which oldest items will leave, by the same policy, truncation.py) an
 context as it will be in a second KV row of the shared slot cache, the spare: the instructions'
 KV copied from the session's row, then the kept items re-prefilled in small chunks, each chunk its
 own unit at idle priority (`build`), so that any live work goes first. Turns go on meanwhile in
-the session's own row.
+the session's own row, and once the planned items are in, the build follows them: after each
+reply the items completed since (`since_built`) go into the spare too, at the same priority.
 
-When the spare is built, `adopt_work` makes it the session's row, between turns (never during a
-reply): the items the spare holds are compared with the session's history, segment by segment
+When the truncation is needed (where it would be made in place: right after a reply, or before
+a turn that needs the room, which then waits for the rest of the build), `adopt_work` makes the
+spare the session's row, between turns (never during a reply): the items the spare holds are compared with the session's history, segment by segment
 (the same segment, the same token ids), and what differs or came since the plan (the last
 reply, its closing, the turns since) is prefilled into the spare at the caller's priority, the
 short catch-up; then the rows swap and the old one is given back. The result is by construction
@@ -81,7 +83,9 @@ class SpareRow:
         self.priority = PRIORITY_IDLE  # raised when a turn waits for the rest
         self.ready = False
         self.closed = False
-        self.done = asyncio.Event()  # built, failed or given back
+        self.done = asyncio.Event()  # failed, adopted or given back
+        self.settled = asyncio.Event()  # no unit of it is queued or running (adoption waits for it)
+        self.grown = asyncio.Event()  # the session's history grew: the build follows it
         self._slot: int | None = None
         self._release: weakref.finalize | None = None
 
@@ -112,6 +116,7 @@ class SpareRow:
             if self._release is not None:
                 self._release()
         self.done.set()
+        self.grown.set()  # the build's loop ends
 
     def handed_over(self) -> int:
         """The row is the session's now: this spare no longer gives it back."""
@@ -121,6 +126,7 @@ class SpareRow:
         self._slot = self._release = None
         self.closed = True
         self.done.set()
+        self.grown.set()
         return slot
 
 
@@ -145,11 +151,28 @@ def plan(session: ThinkerSession, count: int, chunk_tokens: int = SPARE_CHUNK_TO
 
 
 @torch.inference_mode()
-def build_work(spare: SpareRow) -> Work:
-    """The planned items into the spare row, in its chunks (a generator of forward requests)."""
-    for segment, ids in spare.planned:
+def build_work(spare: SpareRow, items: list[tuple[Segment, list[int]]] | None = None) -> Work:
+    """The planned items (or `items`) into the spare row, in its chunks (a generator of forward
+    requests)."""
+    for segment, ids in spare.planned if items is None else items:
         yield from _feed(spare, segment, ids)
     spare.ready = True
+
+
+def since_built(spare: SpareRow) -> list[tuple[Segment, list[int]]]:
+    """The session's complete items after the last one built, while what was built still matches
+    its history (else none: the adoption's catch-up sorts it out)."""
+    session = spare.session
+    segments = session.history.segments
+    index = next((i for i, s in enumerate(segments) if s is spare.first_kept), None)
+    if index is None:
+        return []
+    length = session.context_length
+    live = [(s, session.context_ids[s.start : session.history.end(i, length)]) for i, s in enumerate(segments) if i >= index]
+    if len(live) <= len(spare.built) or any(b.segment is not s or b.ids != ids for b, (s, ids) in zip(spare.built, live)):
+        return []
+    complete = len(live) - (1 if session.pending or session.replying else 0)
+    return [(s, list(ids)) for s, ids in live[len(spare.built) : complete]]
 
 
 def _feed(spare: SpareRow, segment: Segment, ids: list[int]) -> Work:
@@ -177,7 +200,6 @@ async def build(spare: SpareRow, compute: Any) -> None:
     a turn waits for it); sets `done` when it ends, built or not."""
     runner = spare.session._runner
     work = build_work(spare)
-    answer: Any = None
 
     @torch.inference_mode()
     def unit(first: bool, answer: Any) -> Any:
@@ -195,13 +217,26 @@ async def build(spare: SpareRow, compute: Any) -> None:
         finally:
             spare.busy_s += time.perf_counter() - started
 
-    try:
-        first = True
+    async def run(first: bool) -> None:
+        answer: Any = None
         while not spare.closed:
             answer = await compute.run(unit, first, answer, priority=spare.priority)
             first = False
             if answer is _DONE:
-                break
+                return
+
+    try:
+        await run(True)
+        # Built: it follows the session's turns (at the same priority) until it is adopted.
+        while not spare.closed:
+            spare.settled.set()
+            await spare.grown.wait()
+            spare.grown.clear()
+            items = since_built(spare)
+            if items and not spare.closed:
+                spare.settled.clear()
+                work = build_work(spare, items)
+                await run(False)
     except (ThinkerError, RuntimeError):  # given back meanwhile, or the pool stopped
         spare.give_back()
     except BaseException:
@@ -209,6 +244,7 @@ async def build(spare: SpareRow, compute: Any) -> None:
         raise
     finally:
         work.close()
+        spare.settled.set()
         spare.done.set()
 
 
