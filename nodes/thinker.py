@@ -612,6 +612,7 @@ class ThinkerNodeSession(NodeSession):
         spare = self.spare
         if spare is None:
             return
+        spare.adopting = True
         if not spare.settled.is_set() and not spare.closed:
             spare.priority = PRIORITY_REALTIME
             if not spare.ready:

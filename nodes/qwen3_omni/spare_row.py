@@ -83,6 +83,9 @@ class SpareRow:
         self.priority = PRIORITY_IDLE  # raised when a turn waits for the rest
         self.ready = False
         self.closed = False
+        # Set by the session before it waits for `settled` to adopt: no extension starts after it
+        # (checked and `settled` cleared with no await between, so the two never overlap).
+        self.adopting = False
         self.done = asyncio.Event()  # failed, adopted or given back
         self.settled = asyncio.Event()  # no unit of it is queued or running (adoption waits for it)
         self.grown = asyncio.Event()  # the session's history grew: the build follows it
@@ -177,6 +180,9 @@ def since_built(spare: SpareRow) -> list[tuple[Segment, list[int]]]:
 
 def _feed(spare: SpareRow, segment: Segment, ids: list[int]) -> Work:
     session = spare.session
+    if not ids:  # an empty segment (a reply not begun): nothing to prefill
+        spare.built.append(_Built(segment, [], len(spare.ids)))
+        return
     embeds, deepstack, visual_mask = session._embed(ids, segment.media)
     positions = session._positions(ids, segment.media, after=spare.next_position)
     user_mask, mm_mask = session._user_and_multimodal_masks(ids, role=spare.role)
@@ -233,7 +239,7 @@ async def build(spare: SpareRow, compute: Any) -> None:
             await spare.grown.wait()
             spare.grown.clear()
             items = since_built(spare)
-            if items and not spare.closed:
+            if items and not spare.closed and not spare.adopting:
                 spare.settled.clear()
                 work = build_work(spare, items)
                 await run(False)
