@@ -21,8 +21,9 @@ context and prefill lengths; on CPU the dtype is float32 and the bandwidth a mea
 
 `--graphs`: `off` times the eager steps; `auto` the engine's captured steps where it has them
 (`compute: {graphs: auto}`, docs/ARCHITECTURE.md); `both` times every stage eager (`stages`),
-then again captured each stage that has a captured form (`captured`: the talker + code predictor
-frame, nodes/qwen3_omni/captured.py; the code2wav chunk, captured_code2wav.py). The notes say which stages have none and ran eager only.
+then again captured each stage that has a captured form (`captured`: the thinker decode step,
+nodes/qwen3_omni/captured_thinker.py; the talker + code predictor frame, captured.py; the code2wav
+chunk, captured_code2wav.py). The notes say which stages have none and ran eager only.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ TALKER_BATCHES = (1, 16, 64)
 SERVER_MODULES = ("msgspec", "fastapi", "starlette", "pydantic", "uvicorn", "websockets", "soxr", "soundfile",
                   "silero_vad", "python_multipart", "transformers", "yaml", "uvloop", "httpx", "onnxruntime", "prometheus_client")
 # The stages whose steps have a captured form (`compute: {graphs: auto}`); the others run eager either way.
-CAPTURED_STAGES = ("talker_frame", "code2wav_chunk")
+CAPTURED_STAGES = ("thinker_decode", "talker_frame", "code2wav_chunk")
 OPTIONAL_MODULES = {"aiortc": "WebRTC calls", "av": "WebRTC audio and mp3/opus speech", "xgrammar": "tool-call grammars"}
 
 

@@ -3,9 +3,12 @@ and returns the step to time with its least cost (bytes and FLOPs), or why it ca
 
 Every step goes through the project's own model code, as the engines call it:
 
-- `thinker_decode`: `ThinkerRunner.feed` (the lean decode forward + lm_head) on `batch` rows of a
-  slot cache whose rows already hold `context` tokens (the KV's contents do not change the cost,
-  so no prefill is needed to get there; the cache is sized up front, as on a GPU deployment);
+- `thinker_decode`: `ThinkerRunner.answer` (the lean decode forward + lm_head, and the greedy
+  choice of every row's next token with its one host read) on `batch` rows of a slot cache whose
+  rows already hold `context` tokens (the KV's contents do not change the cost, so no prefill is
+  needed to get there; the cache is sized up front, as on a GPU deployment); with
+  `compute: {graphs: auto}` one captured decode step (nodes/qwen3_omni/captured_thinker.py: a
+  CUDA graph per padded batch and KV span on CUDA), reported with how many steps it replayed;
 - `thinker_prefill`: `ThinkerRunner.forward_rows` of one `tokens`-long chunk into an empty row;
 - `talker_frame`: one `step_replies` call for `batch` replies: the batched talker forward, the
   talker codes and the code predictor's 15 residual codes (benchmarks/talker_batching.py's replies),
@@ -92,6 +95,8 @@ def _fits(omni: Any, needed: float, what: str) -> str | None:
 
 def thinker_decode(omni: Any, batch: int, context: int, calls: int) -> Prepared | str:
     from nodes.qwen3_omni.batched_thinker import Feed, ThinkerRunner
+    from nodes.qwen3_omni.thinker_requests import Choice
+    from nodes.qwen3_omni.thinker_sampling import Sampling
 
     text = omni.config.thinker_config.text_config
     capacity = context + calls + 8  # every timed, warm-up and counted call appends a column
@@ -103,12 +108,21 @@ def thinker_decode(omni: Any, batch: int, context: int, calls: int) -> Prepared 
     for row in rows:
         runner.cache.lengths[row] = context
     tokens = torch.randint(0, text.vocab_size, (batch,)).tolist()
-    feeds = [Feed(slot=row, token=token, position=context) for row, token in zip(rows, tokens)]
+    choice = Choice(Sampling(ignore_eos=True))
+    feeds = [Feed(slot=row, token=token, position=context, choice=choice) for row, token in zip(rows, tokens)]
+    unit = runner.step_unit
+    if unit is not None:  # captured: what the timed steps replay (every KV span they reach) first
+        unit.prepare(feeds, calls + 6)
     read, macs = weights_cost(runner.language_model, batch, embedding_names=("embed_tokens",))
     head = runner.thinker.lm_head.weight
     read += head.numel() * head.element_size() + _kv_token_bytes(text, omni.dtype) * batch * context
     flops = 2.0 * batch * (macs + head.numel()) + _attention_flops(text, batch, context)
-    return Prepared(lambda: runner.feed(feeds), StageCost(read, flops), {"batch": batch, "context_tokens": context})
+
+    def after() -> dict[str, Any]:
+        return {"graphs": runner.graphs, "replayed_steps": 0 if unit is None else unit.replays}
+
+    return Prepared(lambda: runner.answer(feeds), StageCost(read, flops), {"batch": batch, "context_tokens": context},
+                    after)
 
 
 def thinker_prefill(omni: Any, tokens: int) -> Prepared | str:

@@ -366,16 +366,23 @@ def _b64_bytes(text: str) -> int:
     return len(text) * 3 // 4 - text[-2:].count("=") if text else 0
 
 
+def session_plans(rng: random.Random, sessions: int, utterances: list[Utterance],
+                  settings: RealtimeSettings) -> list[tuple[list[Utterance], float]]:
+    """Each session's utterances (one a turn, drawn with `rng`) and its start delay within the stagger."""
+    plans = []
+    for _ in range(sessions):
+        picks = [utterances[rng.randrange(len(utterances))] for _ in range(settings.turns)]
+        plans.append((picks, rng.uniform(0, settings.stagger_s) if sessions > 1 else 0.0))
+    return plans
+
+
 async def run_level(ws_url: str, model_id: str, api_key: str | None, sessions: int, utterances: list[Utterance], settings: RealtimeSettings) -> tuple[list[SessionResult], float]:
     """Run `sessions` concurrent sessions to the end; returns their results and the wall time."""
     rng = random.Random(settings.seed * 1000 + sessions)
     url = f"{ws_url}/v1/realtime?model={model_id}"
     headers = auth_headers(api_key)
-    clients = []
-    for index in range(sessions):
-        picks = [utterances[rng.randrange(len(utterances))] for _ in range(settings.turns)]
-        delay = rng.uniform(0, settings.stagger_s) if sessions > 1 else 0.0
-        clients.append(_Session(index, url, headers, picks, settings, delay))
+    clients = [_Session(index, url, headers, picks, settings, delay)
+               for index, (picks, delay) in enumerate(session_plans(rng, sessions, utterances, settings))]
     started = time.perf_counter()
     results = await asyncio.gather(*(client.run() for client in clients))
     return list(results), time.perf_counter() - started

@@ -118,135 +118,139 @@ def _table(header: list[str], rows: list[list[str]], left_first: bool = False) -
     return "\n".join([line(header), *(line(row) for row in rows)])
 
 
+def _errors_line(levels: list[dict[str, Any]]) -> list[str]:
+    """The errors of a scenario's levels by kind, as one line; none when there were none."""
+    errors = {k: v for level in levels for k, v in level["errors"]["by_kind"].items()}
+    return ["errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items()))] if errors else []
+
+
+def _render_realtime(doc: dict[str, Any], realtime: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    settings = doc.get("settings", {}).get("realtime", {})
+    server_sched = doc.get("server", {}).get("sched")
+    out.append(f"realtime over WebSocket: {settings.get('turns', '?')} turns/session, 20 ms chunks at wall-clock pace, max_output_tokens {settings.get('max_output_tokens')}"
+               + (f", server scheduled {server_sched}" if server_sched else ""))
+    rows = []
+    for level in realtime["levels"]:
+        server = level.get("server") or {}
+        underruns = level["underruns"]
+        rows.append(
+            [
+                level_label(level),
+                f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
+                _pcts(level["ttfa_from_speech_stopped_ms"]),
+                _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
+                _pcts(level["turn_latency_ms"], ("p50", "p95")),
+                _fmt((level.get("output_rtf") or {}).get("p50"), 2),
+                _fmt(level.get("generation_text_tok_per_s")),
+                f"{underruns['total']} ({underruns['turns_with_underrun']})",
+                _fmt(underruns.get("total_with_100ms_buffer")),
+                _fmt(level["events_per_s"]),
+                _fmt(server.get("cpu_percent")),
+                _fmt(server.get("cpu_percent_per_session")),
+                _fmt(server.get("rss_mb_per_session"), 1),
+                _fmt(level.get("client_cpu_percent")),
+                _fmt(server.get("machine_cpu_percent")),
+                str(level["errors"]["count"]),
+            ]
+        )
+    header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "gen tok/s", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
+    out.append(_table(header, rows))
+    out.append("N spread: session start offsets cover a whole turn cycle (otherwise within 1 s, so turns end together)")
+    out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
+    sized = [level for level in realtime["levels"] if level.get("batch_sizes")]
+    if sized:
+        out.append("mean batch (session steps per model call): " + "; ".join(
+            f"N={level_label(level)} " + ", ".join(f"{name} {size:g}" for name, size in sorted(level["batch_sizes"].items()))
+            for level in sized))
+    early = [level for level in realtime["levels"] if (level.get("node_events") or {}).get("thinker.early_prefill")]
+    if early:
+        out.append("early prefill (utterances prefilled in the pause before their turn ended): " + "; ".join(
+            f"N={level_label(level)} {level['node_events'].get('thinker.early_prefill_confirmed', 0)} confirmed, "
+            f"{level['node_events'].get('thinker.early_prefill_dropped', 0)} dropped of {level['node_events']['thinker.early_prefill']}"
+            for level in early))
+    scheduled = [level for level in realtime["levels"] if (level.get("server") or {}).get("sched_batch_share") is not None]
+    if scheduled and server_sched == "adaptive":
+        out.append("server as SCHED_BATCH (share of the level; adaptive: batch once the machine is busy): " + ", ".join(
+            f"N={level_label(level)} {level['server']['sched_batch_share']:.0%}" for level in scheduled))
+    idle = realtime.get("idle_memory")
+    if idle and "error" in idle:
+        out.append(f"memory: not measured ({idle['sessions']} idle sessions: {idle['error']})")
+    elif idle:
+        out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
+                   "RSS MB/sess above: per talking session (peak during the level)")
+    streaming = realtime.get("streaming")
+    if streaming and "error" in streaming:
+        out.append(f"streaming: not measured ({streaming['sessions']} sessions: {streaming['error']})")
+    elif streaming:
+        out.append(f"streaming: {streaming['sessions']} sessions sending silence ({streaming['chunk_ms']} ms appends, server VAD, nobody speaking): "
+                   f"server {_fmt(streaming['server_cpu_percent'], 1)}% of a core ({_fmt(streaming['server_us_per_append'], 1)} us per append), "
+                   f"load generator {_fmt(streaming['client_cpu_percent'], 1)}% ({_fmt(streaming['client_us_per_append'], 1)} us per append)")
+    found = realtime.get("capacity")
+    if found:
+        tried = ", ".join(f"{n} {'pass' if ok else 'fail'}" for n, ok in found["tried"].items())
+        out.append(f"capacity: {found['sessions']} sessions{'' if found['complete'] else ' (search cut short by the deadline)'}: "
+                   f"the largest count meeting the goal ({found['goal']}); tried {tried}")
+    out.extend(_errors_line(realtime["levels"]))
+    return out
+
+
+def _render_webrtc(doc: dict[str, Any], webrtc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    out.append("realtime over WebRTC (Opus tracks, events on the data channel): TTFA = first audible frame of the server's track")
+    rows = [
+        [
+            str(level["sessions"]),
+            f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
+            _pcts(level["ttfa_from_speech_stopped_ms"]),
+            _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
+            _pcts(level["turn_latency_ms"], ("p50", "p95")),
+            str(level["errors"]["count"]),
+        ]
+        for level in webrtc["levels"]
+    ]
+    out.append(_table(["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "errors"], rows))
+    out.extend(_errors_line(webrtc["levels"]))
+    return out
+
+
+def _render_speech(doc: dict[str, Any], speech: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    out.append("speech: /v1/audio/speech (file = whole WAV; sse = first speech.audio.delta)")
+    rows = [
+        [
+            str(level["concurrency"]),
+            level["mode"],
+            f"{level['ok']}/{level['requests']}",
+            _pcts(level["latency_ms"], ("p50", "p95")),
+            _pcts(level.get("first_chunk_ms"), ("p50", "p95")) if level["mode"] == "sse" else "",
+            _fmt(level["requests_per_s"], 2),
+            _fmt(level["audio_s_per_s"], 2),
+            str(level["errors"]["count"]),
+        ]
+        for level in speech["levels"]
+    ]
+    out.append(_table(["C", "mode", "ok", "latency p50/95 ms", "1st chunk p50/95", "req/s", "audio s/s", "errors"], rows))
+    if speech.get("skipped_levels"):
+        out.append(f"skipped ({speech['skipped_levels']['reason']}): {', '.join(speech['skipped_levels']['levels'])}")
+    batch = speech.get("batch") or {}
+    if batch:
+        if "error" in batch:
+            out.append(f"batch of {batch.get('items')}: {batch['error']}")
+        else:
+            out.append(f"batch of {batch['items']}: {batch.get('succeeded')} ok in {batch['wall_s']} s = {batch['items_per_s']} items/s, {batch['audio_s_per_s']} audio s/s")
+    return out
+
+
 def render(doc: dict[str, Any]) -> str:
     out: list[str] = []
     machine = doc.get("machine", {})
     out.append(f"sgl-omni bench  {doc.get('created', '')}  model {doc.get('server', {}).get('model_id', '?')}  " f"{machine.get('cpu_count', '?')} CPUs  {machine.get('platform', '')}")
-    realtime = doc.get("realtime")
-    if realtime is not None:
-        out.append("")
-        if "skipped" in realtime:
-            out.append(f"realtime: skipped ({realtime['skipped']})")
-        else:
-            settings = doc.get("settings", {}).get("realtime", {})
-            server_sched = doc.get("server", {}).get("sched")
-            out.append(f"realtime over WebSocket: {settings.get('turns', '?')} turns/session, 20 ms chunks at wall-clock pace, max_output_tokens {settings.get('max_output_tokens')}"
-                       + (f", server scheduled {server_sched}" if server_sched else ""))
-            rows = []
-            for level in realtime["levels"]:
-                server = level.get("server") or {}
-                underruns = level["underruns"]
-                rows.append(
-                    [
-                        level_label(level),
-                        f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
-                        _pcts(level["ttfa_from_speech_stopped_ms"]),
-                        _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
-                        _pcts(level["turn_latency_ms"], ("p50", "p95")),
-                        _fmt((level.get("output_rtf") or {}).get("p50"), 2),
-                        _fmt(level.get("generation_text_tok_per_s")),
-                        f"{underruns['total']} ({underruns['turns_with_underrun']})",
-                        _fmt(underruns.get("total_with_100ms_buffer")),
-                        _fmt(level["events_per_s"]),
-                        _fmt(server.get("cpu_percent")),
-                        _fmt(server.get("cpu_percent_per_session")),
-                        _fmt(server.get("rss_mb_per_session"), 1),
-                        _fmt(level.get("client_cpu_percent")),
-                        _fmt(server.get("machine_cpu_percent")),
-                        str(level["errors"]["count"]),
-                    ]
-                )
-            header = ["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "RTF p50", "gen tok/s", "underruns (turns)", "w/100ms buf", "ev/s", "srv CPU%", "CPU%/sess", "RSS MB/sess", "client CPU%", "machine CPU%", "errors"]
-            out.append(_table(header, rows))
-            out.append("N spread: session start offsets cover a whole turn cycle (otherwise within 1 s, so turns end together)")
-            out.append("TTFA stop: from speech_stopped; TTFA end: from the end of the user's audio; RTF: generation time / reply audio; gen tok/s: thinker tokens of all replies / time any reply was generating; CPU% of one core; machine CPU% of all cores")
-            sized = [level for level in realtime["levels"] if level.get("batch_sizes")]
-            if sized:
-                out.append("mean batch (session steps per model call): " + "; ".join(
-                    f"N={level_label(level)} " + ", ".join(f"{name} {size:g}" for name, size in sorted(level["batch_sizes"].items()))
-                    for level in sized))
-            early = [level for level in realtime["levels"] if (level.get("node_events") or {}).get("thinker.early_prefill")]
-            if early:
-                out.append("early prefill (utterances prefilled in the pause before their turn ended): " + "; ".join(
-                    f"N={level_label(level)} {level['node_events'].get('thinker.early_prefill_confirmed', 0)} confirmed, "
-                    f"{level['node_events'].get('thinker.early_prefill_dropped', 0)} dropped of {level['node_events']['thinker.early_prefill']}"
-                    for level in early))
-            scheduled = [level for level in realtime["levels"] if (level.get("server") or {}).get("sched_batch_share") is not None]
-            if scheduled and server_sched == "adaptive":
-                out.append("server as SCHED_BATCH (share of the level; adaptive: batch once the machine is busy): " + ", ".join(
-                    f"N={level_label(level)} {level['server']['sched_batch_share']:.0%}" for level in scheduled))
-            idle = realtime.get("idle_memory")
-            if idle and "error" in idle:
-                out.append(f"memory: not measured ({idle['sessions']} idle sessions: {idle['error']})")
-            elif idle:
-                out.append(f"memory: {_fmt(idle['rss_mb_per_idle_session'], 2)} MB per idle session ({idle['sessions']} connected, silent); "
-                           "RSS MB/sess above: per talking session (peak during the level)")
-            streaming = realtime.get("streaming")
-            if streaming and "error" in streaming:
-                out.append(f"streaming: not measured ({streaming['sessions']} sessions: {streaming['error']})")
-            elif streaming:
-                out.append(f"streaming: {streaming['sessions']} sessions sending silence ({streaming['chunk_ms']} ms appends, server VAD, nobody speaking): "
-                           f"server {_fmt(streaming['server_cpu_percent'], 1)}% of a core ({_fmt(streaming['server_us_per_append'], 1)} us per append), "
-                           f"load generator {_fmt(streaming['client_cpu_percent'], 1)}% ({_fmt(streaming['client_us_per_append'], 1)} us per append)")
-            found = realtime.get("capacity")
-            if found:
-                tried = ", ".join(f"{n} {'pass' if ok else 'fail'}" for n, ok in found["tried"].items())
-                out.append(f"capacity: {found['sessions']} sessions{'' if found['complete'] else ' (search cut short by the deadline)'}: "
-                           f"the largest count meeting the goal ({found['goal']}); tried {tried}")
-            errors = {k: v for level in realtime["levels"] for k, v in level["errors"]["by_kind"].items()}
-            if errors:
-                out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
-    webrtc = doc.get("webrtc")
-    if webrtc is not None:
-        out.append("")
-        if "skipped" in webrtc:
-            out.append(f"webrtc: skipped ({webrtc['skipped']})")
-        else:
-            out.append("realtime over WebRTC (Opus tracks, events on the data channel): TTFA = first audible frame of the server's track")
-            rows = [
-                [
-                    str(level["sessions"]),
-                    f"{level.get('turns_completed', '-')}/{level.get('turns_planned', '-')}",
-                    _pcts(level["ttfa_from_speech_stopped_ms"]),
-                    _fmt(level["ttfa_from_user_audio_end_ms"].get("p50")),
-                    _pcts(level["turn_latency_ms"], ("p50", "p95")),
-                    str(level["errors"]["count"]),
-                ]
-                for level in webrtc["levels"]
-            ]
-            out.append(_table(["N", "turns", "TTFA stop p50/95/99 ms", "TTFA end p50", "turn p50/95 ms", "errors"], rows))
-            errors = {k: v for level in webrtc["levels"] for k, v in level["errors"]["by_kind"].items()}
-            if errors:
-                out.append("errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())))
-    speech = doc.get("speech")
-    if speech is not None:
-        out.append("")
-        if "skipped" in speech:
-            out.append(f"speech: skipped ({speech['skipped']})")
-        else:
-            out.append("speech: /v1/audio/speech (file = whole WAV; sse = first speech.audio.delta)")
-            rows = [
-                [
-                    str(level["concurrency"]),
-                    level["mode"],
-                    f"{level['ok']}/{level['requests']}",
-                    _pcts(level["latency_ms"], ("p50", "p95")),
-                    _pcts(level.get("first_chunk_ms"), ("p50", "p95")) if level["mode"] == "sse" else "",
-                    _fmt(level["requests_per_s"], 2),
-                    _fmt(level["audio_s_per_s"], 2),
-                    str(level["errors"]["count"]),
-                ]
-                for level in speech["levels"]
-            ]
-            out.append(_table(["C", "mode", "ok", "latency p50/95 ms", "1st chunk p50/95", "req/s", "audio s/s", "errors"], rows))
-            if speech.get("skipped_levels"):
-                out.append(f"skipped ({speech['skipped_levels']['reason']}): {', '.join(speech['skipped_levels']['levels'])}")
-            batch = speech.get("batch") or {}
-            if batch:
-                if "error" in batch:
-                    out.append(f"batch of {batch.get('items')}: {batch['error']}")
-                else:
-                    out.append(f"batch of {batch['items']}: {batch.get('succeeded')} ok in {batch['wall_s']} s = {batch['items_per_s']} items/s, {batch['audio_s_per_s']} audio s/s")
+    for name, render_scenario in (("realtime", _render_realtime), ("webrtc", _render_webrtc), ("speech", _render_speech)):
+        scenario = doc.get(name)
+        if scenario is not None:
+            out.append("")
+            out.extend([f"{name}: skipped ({scenario['skipped']})"] if "skipped" in scenario else render_scenario(doc, scenario))
     components = doc.get("components")
     if components is not None:
         out.append("")

@@ -1,12 +1,15 @@
 """What one engine step costs the host: aten operators, host syncs and wall time per step.
 
     .venv/bin/python -m benchmarks.step_costs [--graphs auto|off|both] [--stages thinker,talker,code2wav]
+                                              [--sampling greedy|sampled|seeded]
 
 - `thinker`: one decode step of 16 sessions through the executor's batch function (`run_calls`,
   the function the thinker node's shared executor runs): operators and host syncs per step, with
   `compute: {graphs}` as `--graphs` says (auto: the captured step, nodes/qwen3_omni/
   captured_thinker.py; off: eager; both: each, alternating, with ms per step at batch 1 and 16,
-  under `thinker.b1.off`, `thinker.b16.auto`, ...).
+  under `thinker.b1.off`, `thinker.b16.auto`, ...). `--sampling`: how every session chooses
+  (`THINKER_SAMPLING`): greedy (the default), sampled (temperature, top-k, top-p, no seed: the
+  rows share the default generator), seeded (the same with a seed per session: a draw each).
 - `talker`: one frame of one reply (`step_replies`: the talker forward, its code, the code
   predictor's residual codes): operators, host syncs and ms per frame, with the profile's
   `compute: {graphs}` as `--graphs` says (auto: the captured frame, nodes/qwen3_omni/captured.py;
@@ -33,18 +36,24 @@ from benchmarks.dispatch_counts import DispatchCounts
 THINKER_BATCH = 16
 # Steps timed per run of the thinker's ms per step (`--graphs both`).
 THINKER_STEPS = 16
+# `--sampling`: each thinker session's sampling settings (`thinker_sampling.Sampling` fields).
+THINKER_SAMPLING = {
+    "greedy": {},
+    "sampled": {"temperature": 0.8, "top_k": 50, "top_p": 0.95},
+    "seeded": {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "seed": 0},
+}
 # Frames timed per measurement of the talker's ms per frame (after as many to warm up).
 TALKER_FRAMES = 24
 
 
 def thinker_step_costs(omni: Any, sessions: int = THINKER_BATCH, steps: int = 4, graphs: str | None = None,
-                       timed: int = 0, runs: int = 3) -> dict[str, Any]:
+                       timed: int = 0, runs: int = 3, sampling: str = "greedy") -> dict[str, Any]:
     """Operators and host syncs of one decode step of `sessions` sessions at once (the median
     step of `steps`, after one step that is not counted), with `compute: {graphs}` = `graphs`
     (None: the runner's setting). Under the counter the captured step runs as written on CPU
     (the trace cannot run under a Python dispatch mode): the same aten calls, counted. With
     `timed`: also ms per step, the best of `runs` runs of `timed` steps (what they replay is
-    captured before them)."""
+    captured before them). `sampling`: a `THINKER_SAMPLING` name (seeded: session i's seed is i)."""
     from nodes.qwen3_omni.batched_thinker import ThinkerRunner, _Call, run_calls
     from nodes.qwen3_omni.inputs import build_turn_inputs
     from nodes.qwen3_omni.thinker_engine import Sampling, ThinkerSession
@@ -58,7 +67,10 @@ def thinker_step_costs(omni: Any, sessions: int = THINKER_BATCH, steps: int = 4,
     for index in range(sessions):
         text = " ".join(f"word{(index + w) % 97}" for w in range(6 + index % 5))
         turn = build_turn_inputs(omni, system_prompt="You are terse.", text=text, add_generation_prompt=True)
-        session = ThinkerSession(omni, Sampling(ignore_eos=True), max_reply_tokens=steps + runs * timed + 8,
+        settings = dict(THINKER_SAMPLING[sampling])
+        if "seed" in settings:
+            settings["seed"] = index
+        session = ThinkerSession(omni, Sampling(ignore_eos=True, **settings), max_reply_tokens=steps + runs * timed + 8,
                                  max_seq_len=4096)
         session.prefill(turn.tensors())
         opened.append(session)
@@ -86,19 +98,22 @@ def thinker_step_costs(omni: Any, sessions: int = THINKER_BATCH, steps: int = 4,
         for session in opened:
             session.close()
     ops, syncs = sorted(counted)[len(counted) // 2]
-    figures = {"batch": sessions, "graphs": graphs or setting, "ops_per_step": ops, "host_syncs_per_step": syncs}
+    figures = {"batch": sessions, "graphs": graphs or setting, "sampling": sampling, "ops_per_step": ops,
+               "host_syncs_per_step": syncs}
     if timed:
         figures.update(ms_per_step=round(best * 1000, 3), replayed_steps=replays)
     return figures
 
 
-def thinker_both(omni: Any, sessions: int, timed: int = THINKER_STEPS, rounds: int = 3) -> dict[str, Any]:
+def thinker_both(omni: Any, sessions: int, timed: int = THINKER_STEPS, rounds: int = 3,
+                 sampling: str = "greedy") -> dict[str, Any]:
     """The eager and the captured thinker step of `sessions` sessions in one run, alternating
     (the machine is shared: a slow moment hits both); each the best of `rounds` x 2 runs."""
     results: dict[str, list[dict[str, Any]]] = {"off": [], "auto": []}
     for _ in range(rounds):
         for graphs in results:
-            results[graphs].append(thinker_step_costs(omni, sessions, steps=1, graphs=graphs, timed=timed, runs=2))
+            results[graphs].append(thinker_step_costs(omni, sessions, steps=1, graphs=graphs, timed=timed, runs=2,
+                                                      sampling=sampling))
     best = {graphs: min(figures, key=lambda f: f["ms_per_step"]) for graphs, figures in results.items()}
     return {**best, "ms_ratio": round(best["auto"]["ms_per_step"] / best["off"]["ms_per_step"], 3)}
 
@@ -220,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compute.graphs: auto (captured steps and frames), off (eager), both (one run; "
                              "the thinker timed at batch 1 and 16)")
     parser.add_argument("--stages", default="thinker,talker,code2wav", help="which of thinker,talker,code2wav to measure")
+    parser.add_argument("--sampling", choices=tuple(THINKER_SAMPLING), default="greedy",
+                        help="how every thinker session chooses its tokens (greedy; sampled: T 0.8, top-k 50, "
+                             "top-p 0.95, no seed; seeded: the same, a seed per session)")
     args = parser.parse_args(argv)
     from benchmarks.thinker_batching import _load
 
@@ -228,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {}
     if args.graphs == "both":
         if "thinker" in stages:
-            figures["thinker"] = {f"b{sessions}": thinker_both(omni, sessions) for sessions in (1, THINKER_BATCH)}
+            figures["thinker"] = {f"b{sessions}": thinker_both(omni, sessions, sampling=args.sampling)
+                                  for sessions in (1, THINKER_BATCH)}
         if "talker" in stages:
             figures["talker"] = talker_both(omni)
     else:
         if "thinker" in stages:
-            figures["thinker"] = thinker_step_costs(omni, graphs=args.graphs)
+            figures["thinker"] = thinker_step_costs(omni, graphs=args.graphs, sampling=args.sampling)
         if "talker" in stages:
             figures["talker"] = talker_frame_costs(omni, graphs=args.graphs)
     if "code2wav" in stages:

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from benchmarks.fixtures import SAMPLE_RATE, Utterance
-from benchmarks.realtime import RealtimeSettings
+from benchmarks.realtime import RealtimeSettings, session_plans
 from benchmarks.stats import summarize
 
 AUDIBLE_RMS = 0.003
@@ -82,11 +82,8 @@ async def _session(base_url: str, api_key: str | None, model_id: str, utterances
 
 async def run_level(base_url: str, model_id: str, api_key: str | None, sessions: int, utterances: list[Utterance], settings: RealtimeSettings) -> dict[str, Any]:
     rng = random.Random(settings.seed * 1000 + sessions + 500)
-    jobs = []
-    for _ in range(sessions):
-        picks = [utterances[rng.randrange(len(utterances))] for _ in range(settings.turns)]
-        delay = rng.uniform(0, settings.stagger_s) if sessions > 1 else 0.0
-        jobs.append(_session(base_url, api_key, model_id, picks, settings, delay))
+    jobs = [_session(base_url, api_key, model_id, picks, settings, delay)
+            for picks, delay in session_plans(rng, sessions, utterances, settings)]
     started = time.perf_counter()
     results = await asyncio.gather(*jobs)
     wall = time.perf_counter() - started

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from graph import heap, sched
+from graph import heap, native_heap, sched
 from graph.background import spawn
 from graph.errors import SessionRejected
 from graph.messages import Interrupt, Message
@@ -252,6 +252,7 @@ async def _main(fd: int, name: str) -> int:
         await link.drain()
         return 1
     heap.settle()  # the loaded model must not stall the loop in a full garbage collection
+    native_heap.return_large_buffers()  # a long context's freed temporaries must not stay resident
     link.credit_delay_s = credit_delay_s(min(runtime.limits.edge_capacity, runtime.limits.output_capacity))
     link.send(Op.READY, "", {"resources": resource_facts(runtime), "kv_rows": runtime.kv_rows()})  # the server logs the time
     await EngineServer(link, runtime, steps).serve()

@@ -62,8 +62,13 @@ Truncation (`ReplyParams.truncation`, the session's `session.truncation`; a turn
 follows the latest reply's mode): before a turn at the end of the history that would not fit
 with its reply's reserve, and right after a reply when a turn like it would not (in the user's
 pause), the oldest items leave the context (nodes/qwen3_omni/truncation.py), the KV is rebuilt
-once and the talker gets the rebuilt history. Counted in `counters()` (`truncations`,
-`truncated_items`, `truncation_rebuild_tokens`, `truncation_rebuild_ms`) and the unit trace.
+once and the talker gets the rebuilt history. Built ahead where it can be (nodes/qwen3_omni/
+spare_row.py): once turns like the last would need a truncation within `TRUNCATION_LOOKAHEAD_TURNS`,
+the kept items are re-prefilled into the engine's spare row at idle priority while turns go on;
+built, it is caught up and adopted right after a reply; a turn that needs the room first waits
+for the rest. Counted in `counters()` (`truncations`, `truncated_items`,
+`truncation_rebuild_tokens`, `truncation_rebuild_ms`, `truncations_ahead`, `truncation_waits`)
+and the unit trace.
 
 Early prefill (server VAD, nodes/dialog.py): a turn with `meta.speculative` is a user
 utterance sent during the pause before its turn ends, under a private item key, with its automatic
@@ -120,11 +125,14 @@ from graph.messages import (
     TurnDone,
     Usage,
 )
+from graph.background import spawn
+from graph.executor import PRIORITY_REALTIME, current_due, current_phase, current_release
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
 from nodes.idle_capture import defer_to_idle_compute
 from nodes.params import ThinkerParams, as_dict, decode, given
+from nodes.qwen3_omni import spare_row
 from nodes.qwen3_omni.batched_thinker import ThinkerExecutor
 from nodes.qwen3_omni.slot_cache import sessions_at_start
 from nodes.qwen3_omni.thinker_engine import Checkpoint, Prefill, Sampling, Step, ThinkerError, ThinkerSession
@@ -132,6 +140,12 @@ from nodes.qwen3_omni.tool_calls import ToolCallDecoder, ToolCallsUnavailable
 from nodes.qwen3_omni.transcription import MAX_TRANSCRIPT_TOKENS, Transcriber
 
 log = logging.getLogger(__name__)
+
+# A truncation is built ahead in the spare row (spare_row.py) once turns like the last would need
+# one within this many turns: time for the build to run in the pauses, at idle priority.
+TRUNCATION_LOOKAHEAD_TURNS = 4
+# Rows a slot cache allocated at start keeps beside the sessions' rows: the engine's spare.
+SPARE_ROWS = 1
 
 # A transcription pass's instruction (a user message and the assistant header), in tokens: with
 # its transcript it goes on top of a full context, then is rolled back.
@@ -166,6 +180,8 @@ class Thinker(Node):
         # (`truncation_rebuild_ms`): /metrics `sgl_omni_node_events`, beside the early prefills.
         self.truncations: collections.Counter[str] = collections.Counter()
         self._kv_rows: int | None = None  # rows of the slot cache when it was allocated at start
+        # The one truncation being built ahead in the spare row, by one session at a time.
+        self.spare: spare_row.SpareRow | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -182,7 +198,7 @@ class Thinker(Node):
             linger_s=settings.batch_linger_ms / 1000.0, **self._kv_sizes(),
         )
         runner = self.executor.runner
-        self._kv_rows = None if runner.cache.grow else runner.cache.slots
+        self._kv_rows = None if runner.cache.grow else runner.cache.slots - SPARE_ROWS
         # `compute: {graphs}`: greedy decode steps as one captured unit (auto) or eager (off);
         # the captures run as idle compute, never in a reply's step (captured_thinker.py).
         runner.graphs = getattr(self.context, "graphs", "auto")
@@ -197,15 +213,17 @@ class Thinker(Node):
         """The slot cache's rows and columns (slot_cache.py). Allocated at start (the model's
         `kv_at_start`): a row per session the profile's limits admit, each the longest context a
         session may reach (`max_seq_len`, and a transcription pass on top of it, which is rolled
-        back). Growing: `kv_slots` x `kv_capacity` to start with. `kv_slots` / `kv_capacity`
-        given in the params win either way."""
+        back), and the spare row a truncation is built in ahead (spare_row.py; admission does not
+        count it). Growing: `kv_slots` x `kv_capacity` to start with (the spare is taken on
+        demand). `kv_slots` / `kv_capacity` given in the params win either way (plus the spare)."""
         at_start = bool(getattr(self.omni, "kv_at_start", False))
         if at_start:
             slots = sessions_at_start(getattr(self.context, "limits", None) or SessionLimits())
             capacity = self.max_seq_len + self.max_transcript_tokens + TRANSCRIPT_PROMPT_RESERVE
         else:
             slots, capacity = 4, 256
-        return {"slots": given(self.settings.kv_slots, slots), "capacity": given(self.settings.kv_capacity, capacity),
+        slots = given(self.settings.kv_slots, slots) + (SPARE_ROWS if at_start else 0)
+        return {"slots": slots, "capacity": given(self.settings.kv_capacity, capacity),
                 "grow": not at_start}
 
     def kv_rows(self) -> int | None:
@@ -271,6 +289,7 @@ class ThinkerNodeSession(NodeSession):
         # The context length where what the next reply answers begins (after the last reply and
         # the truncation that followed it): `_truncate_ahead` sizes the next turn from it.
         self.turn_start: int | None = None
+        self.spare: spare_row.SpareRow | None = None  # this session's truncation built ahead
         self.transcriber = Transcriber(self.engine, node.executor, node.context.compute,
                                        node.max_transcript_tokens)
 
@@ -512,6 +531,9 @@ class ThinkerNodeSession(NodeSession):
             return  # an insertion re-prefills from its place anyway; it fits or fails as it did
         keep = self._since_last_reply() if message.reply is not None else 0
         count = self.engine.truncation_plan(self.truncation, self._incoming(message), keep_last=keep)
+        if count > 0 and self.spare is not None:  # the turn waits for the rest of the build
+            await self._adopt(message, emit)
+            count = self.engine.truncation_plan(self.truncation, self._incoming(message), keep_last=keep)
         await self._truncate(message, count, emit)
 
     def _since_last_reply(self) -> int:
@@ -536,14 +558,100 @@ class ThinkerNodeSession(NodeSession):
         else:  # the session's first reply (or its first since a resume): no rebuild came before it
             turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
+        spare = self.spare
+        if spare is not None and (spare.closed or self.engine.truncation_plan(self.truncation, incoming, keep_last=2) > 0):
+            await self._adopt(message, emit)  # the next turn would need it: now, in the pause
+        elif spare is not None:
+            spare.grown.set()  # the build follows the turns until it is needed
         count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
-        await self._truncate(message, count, emit)
+        if count > 0:
+            await self._truncate(message, count, emit)
+        elif self.spare is None:
+            self._build_ahead(incoming, turn_tokens + usage.output_tokens)
+
+    # ------------------------------------------------------------------ truncation built ahead
+
+    def _build_ahead(self, incoming: int, turn_tokens: int) -> None:
+        """When turns like the last (`turn_tokens` each, reply included) would need a truncation
+        within `TRUNCATION_LOOKAHEAD_TURNS`, plan the one the first such turn would make and build
+        it in the engine's spare row at idle priority (spare_row.py), if no other session's build
+        holds it. Built, it follows the turns (their items prefilled into it as they come, idle
+        too); `_adopt` makes it the context when a truncation is needed: right after a reply, or
+        before a turn that needs the room (which waits for the rest of the build)."""
+        if self.node.spare is not None or self.truncation.type == "disabled":
+            return
+        for ahead in range(1, TRUNCATION_LOOKAHEAD_TURNS + 1):
+            count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2, future=(ahead, turn_tokens))
+            if count > 0:
+                break
+        else:
+            return
+        spare = spare_row.plan(self.engine, count)
+        if spare is None:
+            return
+        self.spare = self.node.spare = spare
+        spawn(self._build(spare), name="thinker-spare-row")
+
+    async def _build(self, spare: spare_row.SpareRow) -> None:
+        # Idle work has no reply's clocks: not held back by a playback release, not due by one.
+        current_release.set(None)
+        current_due.set(None)
+        current_phase.set(None)
+        try:
+            await spare_row.build(spare, self.node.context.compute)
+        except Exception:  # noqa: BLE001 - the truncation is then made in place, as without a spare
+            log.debug("a truncation's build ahead failed", exc_info=True)
+        if not spare.ready and self.node.spare is spare:
+            self.node.spare = None  # free for another session's build; `_adopt` gives this one back
+
+    async def _adopt(self, message: Embeddings, emit: Emit) -> None:
+        """The session's truncation built ahead becomes its context (spare_row.py `adopt_work`:
+        the catch-up of what came since the plan, then the rows swap); a turn that needs the
+        room before the build is done waits for the rest, run at live priority from then on.
+        A plan the history overtook is given back (the caller truncates in place if need be)."""
+        spare = self.spare
+        if spare is None:
+            return
+        spare.adopting = True
+        if not spare.settled.is_set() and not spare.closed:
+            spare.priority = PRIORITY_REALTIME
+            if not spare.ready:
+                self.node.truncations["truncation_waits"] += 1
+            await spare.settled.wait()
+        started, before = time.perf_counter(), self.engine.context_length
+        result = None
+        if spare.ready and not spare.closed:
+            try:
+                result = await self.node.executor.call(spare_row.adopt_work(spare))
+            except ThinkerError:
+                result = None
+        self._give_back_spare()
+        if result is None:
+            return
+        dropped, _ = result
+        self.node.truncations["truncations_ahead"] += 1
+        await self._counted(message, dropped, spare.tokens, spare.planned_at, spare.busy_s + time.perf_counter() - started,
+                            before, emit)
+
+    def _give_back_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.give_back()  # nothing to give once adopted
+            if self.node.spare is spare:
+                self.node.spare = None
 
     async def _truncate(self, message: Embeddings, count: int, emit: Emit) -> None:
         if count <= 0:
             return
         started, before = time.perf_counter(), self.engine.context_length
         tokens = await self.node.executor.call(self.engine.drop_oldest_work(count))
+        await self._counted(message, count, tokens, started, time.perf_counter() - started, before, emit)
+
+    async def _counted(self, message: Embeddings, count: int, tokens: int, started: float, cost_s: float,
+                       before: int, emit: Emit) -> None:
+        """After a truncation (`count` items left, `tokens` re-prefilled, `cost_s` of rebuild: the
+        wall time in place, the build's compute and the catch-up's wall time ahead): counted,
+        traced (from `started`: the plan, ahead), and the talker restarts from the rebuilt history."""
         ended = time.perf_counter()
         if self.turn_start is not None:  # what left was before the turn being made
             self.turn_start = max(0, self.turn_start - (before - self.engine.context_length))
@@ -551,7 +659,7 @@ class ThinkerNodeSession(NodeSession):
         counts["truncations"] += 1
         counts["truncated_items"] += count
         counts["truncation_rebuild_tokens"] += tokens
-        counts["truncation_rebuild_ms"] += round(1000 * (ended - started))
+        counts["truncation_rebuild_ms"] += round(1000 * cost_s)
         trace = getattr(self.node.context.compute, "trace", None)
         if trace is not None:
             trace.rebuild(message.session_id, started, ended, count, tokens)
@@ -704,6 +812,7 @@ class ThinkerNodeSession(NodeSession):
 
     async def close(self) -> None:
         self.speculation = None  # nothing to tell: its KV goes with the session's
+        self._give_back_spare()  # a build in progress stops at its next chunk
         await self.transcriber.close()
         self.engine.interrupt()
         # Gives the session's KV row back; waits for a forward that uses it, so not on the loop.

@@ -10,9 +10,9 @@ Two pieces, shared by all sessions of one model:
   wrappers, same logits; `runner.lean = False` or a hook on the model: the HF text model)
   and the next token of every row that asks for one, chosen on the device for all of them
   at once (thinker_sampling.py): one read of the chosen ids per step, no other host sync.
-  With `compute: {graphs: auto}` (`graphs`) a step whose feeds all choose greedily without a
-  grammar mask runs as one captured unit, forward and choice (captured_thinker.py `StepUnit`:
-  a CUDA graph on CUDA, a trace on CPU; the same tokens, the logits to float rounding).
+  With `compute: {graphs: auto}` (`graphs`) a decode step (greedy, sampled or under a grammar
+  mask) runs as one captured unit, forward and choice (captured_thinker.py `StepUnit`: a CUDA
+  graph on CUDA, a trace on CPU; the same tokens, the logits to float rounding).
   Every forward holds the cache's lock, so direct calls from compute threads (tests, warm-up,
   truncate) and the executor's worker never overlap.
 - `ThinkerExecutor` is the shared executor the thinker node submits to (a `graph.executor.Batcher`

@@ -142,6 +142,17 @@ class SlotKVCache:
                 self.values[layer][slot, :, :length] = values[layer].reshape(self.kv_heads, length, self.head_dim)
             self.lengths[slot] = length
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Row `target` holds the first `length` tokens of row `source` (a spare row starting from
+        the instructions a session keeps: spare_row.py)."""
+        with self.lock:
+            if length > self.lengths[source]:
+                raise ValueError(f"row {source} holds {self.lengths[source]} tokens, not {length}")
+            for buffers in (self.keys, self.values):
+                for layer in buffers:
+                    layer[target, :, :length] = layer[source, :, :length]
+            self.lengths[target] = length
+
     def row(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The valid keys/values of one row, `[kv_heads, length, head_dim]` (views)."""
         length = self.lengths[slot]

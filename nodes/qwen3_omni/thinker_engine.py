@@ -34,7 +34,8 @@ Invariants (what makes a second turn cost only its new tokens):
 - Truncation (`truncation_plan`, `drop_oldest_work`; the policy is truncation.py): the oldest
   conversation items leave the context together, the KV is kept up to the instructions and what
   stays is re-prefilled once; their segments (and encoder outputs) go with them, so what a
-  session keeps for rebuilds is bounded by its context, not by its length.
+  session keeps for rebuilds is bounded by its context, not by its length. The same result can
+  be built ahead in a spare row and adopted between turns (spare_row.py).
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -527,17 +528,22 @@ class ThinkerSession:
         conversation = self.history.conversation(len(self.context_ids))
         return self.history.segments[conversation[0][0]].start if conversation else len(self.context_ids)
 
-    def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0) -> int:
+    def truncation_plan(self, mode: Truncation, incoming: int, keep_last: int = 0,
+                        future: tuple[int, int] = (0, 0)) -> int:
         """How many of the oldest conversation items must leave the context before `incoming` more
         tokens go in (the turn with the pending closing and its reply's reserve), under `mode`
-        (nodes/qwen3_omni/truncation.py). No forward, no change."""
+        (nodes/qwen3_omni/truncation.py). `future` (turns, tokens each): as if that many turns
+        came first, none of them dropped (a truncation planned ahead: spare_row.py). No forward,
+        no change."""
         if not self.context_ids:
             return 0
         conversation = self.history.conversation(len(self.context_ids))
         instructions = self.instructions_length
         items = [Item(tokens, self.history.segments[i].pairs_with_previous) for i, tokens in conversation]
+        turns, tokens = future
+        items += [Item(tokens)] * turns
         return items_to_drop(items, mode, instructions=instructions, incoming=incoming + len(self.pending),
-                             context=self.max_seq_len, keep_last=keep_last)
+                             context=self.max_seq_len, keep_last=keep_last + turns)
 
     @torch.inference_mode()
     def drop_oldest_work(self, count: int) -> Work:
@@ -714,8 +720,9 @@ class ThinkerSession:
             visual_mask = image_mask
         return embeds, deepstack or None, visual_mask
 
-    def _positions(self, ids: list[int], turn: dict[str, Any]) -> torch.Tensor:
-        """[3, 1, L] rotary positions of the new tokens, following the context's last position."""
+    def _positions(self, ids: list[int], turn: dict[str, Any], after: int | None = None) -> torch.Tensor:
+        """[3, 1, L] rotary positions of the new tokens, following the context's last position
+        (or `after`: a spare row's, spare_row.py)."""
         device = self.omni.device
         grid = turn.get("image_grid_thw")
         if grid is None:
@@ -730,16 +737,18 @@ class ThinkerSession:
                 use_audio_in_video=False,
                 audio_seqlens=None if lengths is None else lengths.to(device),
             )
-        return positions.long() + self.next_position
+        return positions.long() + (self.next_position if after is None else after)
 
-    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden) -> Work:
+    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden, spare=None) -> Work:
         """The new tokens through the model in chunks of `prefill_chunk_tokens` (one forward request
-        each) -> logits at the last token, accept-layer hidden states of all of them (or None)."""
+        each) -> logits at the last token, accept-layer hidden states of all of them (or None).
+        `spare` (spare_row.py): into that row instead, in its own (smaller) chunks."""
         length = embeds.shape[1]
+        step = self.prefill_chunk_tokens if spare is None else spare.chunk_tokens
         hiddens = []
         visual_before = 0  # visual positions in earlier chunks (deepstack rows are per visual position)
-        for start in range(0, length, self.prefill_chunk_tokens):
-            end = min(length, start + self.prefill_chunk_tokens)
+        for start in range(0, length, step):
+            end = min(length, start + step)
             chunk_mask, chunk_deepstack = None, None
             if visual_mask is not None and deepstack is not None:
                 chunk_mask = visual_mask[:, start:end]
@@ -750,8 +759,9 @@ class ThinkerSession:
                     chunk_mask = None
                 visual_before += count
             logits, hidden = yield Chunk(
-                self._row(), embeds[:, start:end], positions[..., start:end], chunk_deepstack, chunk_mask,
-                self.accept_layer if want_hidden else None, owner=self,
+                self._row() if spare is None else spare.row(), embeds[:, start:end], positions[..., start:end],
+                chunk_deepstack, chunk_mask, self.accept_layer if want_hidden else None,
+                owner=self if spare is None else spare,
             )
             self.tokens_forwarded += end - start
             hiddens.append(hidden)
@@ -796,10 +806,11 @@ class ThinkerSession:
                 role = ids[i + 1]
         return role
 
-    def _user_and_multimodal_masks(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which new tokens belong to a user message, and which are audio/image/video positions."""
+    def _user_and_multimodal_masks(self, ids: list[int], role: Any = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which new tokens belong to a user message, and which are audio/image/video positions
+        (`role`: of the message they follow; default: the context's)."""
         tok = self.tokens
-        role = self._role
+        role = self._role if role == -1 else role
         user = []
         for i, token in enumerate(ids):
             if token == tok.im_start:

@@ -23,10 +23,17 @@ Stages, in the order transformers' `generate()` applies its processors:
 
 Draws: `torch.multinomial` reads two values on the host to check its input. For one sample it
 draws `argmax(probs / q)` with `q ~ Exp(1)` (the exponential race: P(i) = probs[i]); this does
-exactly that, with `exponential_`. A row with a seed draws from its own generator (on the
-device), one call on its own row per step, so its tokens depend on its own draws alone: the
+exactly that, with `exponential_`. The step's noise `q` is drawn first, for every sampling row
+at once (`ThinkerSampler.noise`), and then read: the captured decode step (captured_thinker.py)
+draws it the same way outside its captured region and takes it as an input, so that it picks
+the eager sampler's tokens for the same `q`. A row with a seed draws from its own generator (on
+the device), one call on its own row per step, so its tokens depend on its own draws alone: the
 same tokens alone or batched with any other sessions. Rows without a seed share the device's
-default generator in one call.
+default generator in one call per step.
+
+`row_settings` and `choose_rows` are the same stages with each row's setting as a tensor column
+instead of a group's Python number (the captured step: one shape for any mix of settings); they
+give the grouped stages' numbers to the bit (the same operators on the same float32 operands).
 """
 
 from __future__ import annotations
@@ -80,6 +87,13 @@ def device_longs(values: Iterable[int] | Sequence[Sequence[int]], device: torch.
     return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
 
 
+def device_floats(values: Sequence[Sequence[float]], device: torch.device) -> torch.Tensor:
+    """A float32 tensor of host values on `device`, without a stall (as `device_longs`)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=torch.float32)
+    return torch.tensor(values, dtype=torch.float32, pin_memory=True).to(device, non_blocking=True)
+
+
 def _to_device(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     if mask.device == device:
         return mask
@@ -102,16 +116,57 @@ def _min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
     return scores.masked_fill(probs < threshold, -float("inf"))
 
 
-def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One id per row of `probs` [G, V]: argmax(probs / q), q ~ Exp(1) (torch.multinomial's draw
-    for one sample, without its host checks); each row with a generator from its own."""
-    q = torch.empty_like(probs)
-    if all(generator is None for generator in generators):
-        q.exponential_()
-    else:
-        for row, generator in enumerate(generators):
-            q[row].exponential_(generator=generator)
+def _draw(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """One id per row of `probs` [G, V]: argmax(probs / q), q ~ Exp(1) the rows' noise
+    (torch.multinomial's draw for one sample, without its host checks)."""
     return probs.div_(q).argmax(dim=-1)
+
+
+# `row_settings`' columns: whether the row samples (1.0) or is greedy (0.0), its temperature
+# (1.0 when greedy), its top-k as the index of the k-th largest score (V - 1: no cut), its top-p
+# as the cumulative probability at or under which ids go (`1 - top_p`; -1.0: no cut), its min-p.
+SETTING_COLUMNS = ("sampled", "temperature", "top_k_index", "top_p_cut", "min_p")
+
+
+def row_settings(choices: Sequence[Choice | None], vocab_size: int, rows: int | None = None) -> list[list[float]]:
+    """Each row's sampling setting as `SETTING_COLUMNS` x `rows` floats (host values; a row
+    without a choice, and the padding rows past `choices`, are neutral: greedy, no cut)."""
+    last = float(vocab_size - 1)
+    columns: list[list[float]] = [[] for _ in SETTING_COLUMNS]
+    for index in range(len(choices) if rows is None else rows):
+        choice = choices[index] if index < len(choices) else None
+        sampling = None if choice is None else choice.sampling
+        if sampling is None or sampling.greedy:
+            values = (0.0, 1.0, last, -1.0, 0.0)
+        else:
+            top_k, top_p = int(sampling.top_k), float(sampling.top_p)
+            values = (1.0, float(sampling.temperature), float(min(max(top_k, 1), vocab_size) - 1) if top_k else last,
+                      1 - top_p if top_p < 1.0 else -1.0, float(sampling.min_p))
+        for column, value in zip(columns, values):
+            column.append(value)
+    return columns
+
+
+def choose_rows(scores: torch.Tensor, settings: torch.Tensor, q: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """`ThinkerSampler._pick`'s stages after the banned ids, every row under its own setting:
+    `scores` [B, V] float32 (penalized, banned ids masked), `settings` [5, B] float32
+    (`row_settings`), `q` [B, V] the step's noise (read on the sampling rows only), `allowed`
+    [B, V] bool (the grammar's ids; all true without one). -> [B] long. No host read, no shape
+    that depends on a value: what a captured step can hold."""
+    sampled, temperature, top_k_index, top_p_cut, min_p = settings.unbind()
+    scores = scores.masked_fill(allowed.logical_not(), -float("inf"))
+    greedy = torch.argmax(scores, dim=-1)
+    scores = scores / temperature[:, None]
+    kth = torch.sort(scores, dim=-1, descending=True)[0].gather(1, top_k_index.long()[:, None])  # `_top_k`'s topk value
+    scores = scores.masked_fill(scores < kth, -float("inf"))
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)  # `_top_p`, the cut per row
+    remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= top_p_cut[:, None]
+    remove[..., -1:] = False
+    scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
+    probs = torch.softmax(scores, dim=-1)  # `_min_p`
+    scores = scores.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * min_p[:, None], -float("inf"))
+    drawn = _draw(torch.softmax(scores, dim=-1), q)
+    return torch.where(sampled > 0, drawn, greedy)
 
 
 class ThinkerSampler:
@@ -146,14 +201,41 @@ class ThinkerSampler:
         groups: dict[tuple, list[int]] = {}
         for row, choice in enumerate(choices):
             groups.setdefault(_key(choice.sampling), []).append(row)
+        q = self.noise(choices)  # drawn first, for every sampling row (as the captured step does)
         picked, order = [], []
         for key, rows in groups.items():
-            scores = logits if len(rows) == total else logits[device_longs(rows, logits.device)]
-            picked.append(self._pick(scores, [choices[row] for row in rows], key))
+            if len(rows) == total:
+                scores, noise = logits, q
+            else:
+                index = device_longs(rows, logits.device)
+                scores, noise = logits[index], (None if key[0] else q[index])
+            picked.append(self._pick(scores, [choices[row] for row in rows], key, noise))
             order.extend(rows)
         return (picked[0] if len(picked) == 1 else torch.cat(picked)), order
 
-    def _pick(self, scores: torch.Tensor, choices: list[Choice], key: tuple) -> torch.Tensor:
+    def noise(self, choices: Sequence[Choice | None], rows: int | None = None) -> torch.Tensor | None:
+        """The step's draw noise `q` [rows, V] (rows: len(choices) unless given; the rows past
+        `choices` are padding): Exp(1) on every row that samples, 1.0 elsewhere; the rows without
+        a seed in one call on the device's default generator, in row order, each seeded row from
+        its own generator. None when no row samples (nothing drawn)."""
+        sampling = [row for row, choice in enumerate(choices) if choice is not None and not choice.sampling.greedy]
+        if not sampling:
+            return None
+        total = len(choices) if rows is None else rows
+        shared = [row for row in sampling if choices[row].generator is None]
+        if len(shared) == total:
+            return torch.empty(total, self.vocab_size, device=self.device).exponential_()
+        q = torch.ones(total, self.vocab_size, device=self.device)
+        if shared:
+            drawn = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_()
+            q[device_longs(shared, self.device)] = drawn
+        for row in sampling:
+            generator = choices[row].generator
+            if generator is not None:
+                q[row].exponential_(generator=generator)
+        return q
+
+    def _pick(self, scores: torch.Tensor, choices: list[Choice], key: tuple, q: torch.Tensor | None) -> torch.Tensor:
         greedy, temperature, top_k, top_p, min_p, penalty, ignore_eos = key
         if scores.dtype != torch.float32:
             scores = scores.float()
@@ -175,4 +257,4 @@ class ThinkerSampler:
             scores = _top_p(scores, top_p)
         if min_p > 0.0:
             scores = _min_p(scores, min_p)
-        return _draw(torch.softmax(scores, dim=-1), [choice.generator for choice in choices])
+        return _draw(torch.softmax(scores, dim=-1), q)

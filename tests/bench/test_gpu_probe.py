@@ -65,3 +65,13 @@ def test_the_check_names_torch_and_passes_here(capsys):
     assert gpu_probe.main(["--check", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "torch " in out and out.rstrip().endswith("ok")
+
+
+def test_graphs_both_times_the_thinker_decode_step_eager_then_captured(tmp_path):
+    assert gpu_probe.main(["--device", "cpu", "--shrink", "16", "--graphs", "both", "--stages", "thinker_decode.b16.1k",
+                           "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu-probe.json").read_text())
+    eager, captured = report["stages"]["thinker_decode.b16.1k"], report["captured"]["thinker_decode.b16.1k"]
+    assert eager["graphs"] == "off" and eager["replayed_steps"] == 0
+    assert captured["graphs"] == "auto" and captured["replayed_steps"] > 0
+    assert eager["host_syncs"] == captured["host_syncs"] == 1  # the chosen ids, read once per step

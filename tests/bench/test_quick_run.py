@@ -16,19 +16,12 @@ from benchmarks import report
 from benchmarks.cli import main
 from tests.conftest import running_server
 from tests.realtime.fakes import realtime_profile
-from tests.speech.fake_speaker import speaker_profile
+from tests.speech.fake_speaker import with_speaker
 
 
 def bench_profile(voices_dir) -> dict:
     """Realtime sessions answered by the fake reply node; speech requests by the fake speaker."""
-    profile = realtime_profile(reply={"words": 4, "chunk_ms": 200, "delay_s": 0.02})
-    speech = speaker_profile(voices_dir)
-    profile["imports"] += speech["imports"]
-    profile["resources"] = speech["resources"]
-    profile["nodes"].update(speech["nodes"])
-    profile["inputs"].update(speech["inputs"])
-    profile["outputs"] += speech["outputs"]
-    profile["speech"] = speech["speech"]
+    profile = with_speaker(realtime_profile(reply={"words": 4, "chunk_ms": 200, "delay_s": 0.02}), voices_dir)
     profile["webrtc"] = {"candidates": "loopback"}
     return profile
 

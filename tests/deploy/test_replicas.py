@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import io
 import json
 import os
@@ -28,7 +29,7 @@ import websockets
 import yaml
 
 from configs import load_profile
-from tests.conftest import REPO, free_port, wait_until
+from tests.conftest import REPO, eventually, free_port, wait_until
 from tests.realtime.client import RawClient
 
 KEY = "replicas-test-key"
@@ -69,7 +70,7 @@ class Cluster:
     def __init__(self, tmp: Path, processes: Processes):
         self.tmp = tmp
         self.processes = processes
-        self.redis_port, self.s3_port, self.proxy_port = free_port(), free_port(), free_port()
+        self.redis_port, self.s3_port, self.proxy_port, self.stats_port = free_port(), free_port(), free_port(), free_port()
         self.replica_ports = [free_port(), free_port()]
         self.replicas: dict[int, subprocess.Popen] = {}
         self.aws = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}", "AWS_ACCESS_KEY_ID": "test",
@@ -104,11 +105,21 @@ class Cluster:
     def start_proxy(self) -> None:
         env = {"SGL_PROXY_BIND": f"127.0.0.1:{self.proxy_port}",
                "SGL_REPLICA_1": f"127.0.0.1:{self.replica_ports[0]}", "SGL_REPLICA_2": f"127.0.0.1:{self.replica_ports[1]}"}
-        proxy = self.processes.start("haproxy", ["haproxy", "-db", "-f", str(REPO / "deploy" / "haproxy.cfg")], env=env)
+        # A second config file, the test's own: HAProxy's stats page, to see what its health checks see.
+        stats = self.tmp / "haproxy-stats.cfg"
+        stats.write_text(f"frontend stats\n    bind 127.0.0.1:{self.stats_port}\n    stats enable\n    stats uri /stats\n")
+        proxy = self.processes.start("haproxy", ["haproxy", "-db", "-f", str(REPO / "deploy" / "haproxy.cfg"),
+                                                 "-f", str(stats)], env=env)
         wait_until(lambda: httpx.get(f"http://127.0.0.1:{self.proxy_port}/ready").status_code == 200, "the proxy", process=proxy)
 
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
+
+    def proxy_routes_to_every_replica(self) -> bool:
+        """Whether HAProxy's health checks see every replica UP (its stats page, as CSV)."""
+        rows = httpx.get(f"http://127.0.0.1:{self.stats_port}/stats;csv").text.lstrip("# ").splitlines()
+        servers = [row for row in csv.DictReader(rows) if row["pxname"] == "replicas" and row["svname"] != "BACKEND"]
+        return len(servers) == len(self.replica_ports) and all(row["status"] == "UP" for row in servers)
 
     def owner_of_live_session(self) -> int:
         """The replica serving the one live realtime session (read from /metrics)."""
@@ -235,7 +246,7 @@ async def _scenario(cluster: Cluster) -> None:
     # SIGTERM on the replica holding a live session: closed resumable, resumed on the other.
     cluster.start_replica(owner)
     cluster.wait_ready(owner)
-    await asyncio.sleep(1.5)  # the proxy's health check sees it ready again
+    await eventually(cluster.proxy_routes_to_every_replica, "the proxy's health check to see the replica ready again")
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(cluster.session())
         session_id, token = identity(await client.recv())

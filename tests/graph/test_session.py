@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -173,11 +174,16 @@ async def test_close_control_ends_the_session_and_draining_refuses_new_ones():
         await runtime.stop(0)
 
 
-async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
+async def started_held() -> tuple[GraphRuntime, Any]:
+    """The compute profile's runtime and its model node, whose steps wait for `model.release`."""
     profile = compute_profile()
     profile["nodes"]["model"]["params"] = {"held": True}
     runtime = await started(profile)
-    model = runtime.nodes["model"]
+    return runtime, runtime.nodes["model"]
+
+
+async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_moving():
+    runtime, model = await started_held()
     try:
         session = await runtime.open_session("s")
         ticks = 0
@@ -207,16 +213,24 @@ async def test_model_compute_runs_in_a_worker_thread_while_the_event_loop_keeps_
 
 
 async def test_drain_waits_for_an_open_reply_then_closes_with_server_shutdown():
-    profile = compute_profile()
-    runtime = await started(profile)
-    session = await runtime.open_session("s")
-    await session.send("turns", Turn(reply=ReplyParams()))
-    t0 = time.monotonic()
-    await runtime.stop(5)
-    assert session.end_reason == "server_shutdown"
-    assert time.monotonic() - t0 < 4  # it waited for the reply, not the whole grace period
-    outputs = [m async for m in session.outputs()]
-    assert [type(m) for m in outputs] == [TurnDone]
+    runtime, model = await started_held()
+    try:
+        session = await runtime.open_session("s")
+        await session.send("turns", Turn(reply=ReplyParams()))
+        await eventually(model.stepping.is_set, "the reply's step")
+        # A grace no test run reaches: the drain can only return because the reply finished.
+        draining = asyncio.create_task(runtime.drain(3600))
+        await eventually(lambda: runtime.shutting_down, "the drain to begin")
+        assert not draining.done() and session.end_reason is None  # the held reply keeps it open
+        model.release.set()
+        await eventually(draining.done, "the drain to return once the reply finished")
+        assert session.end_reason == "server_shutdown"
+        # The reply's end reached the client before the close: the drain waited for it.
+        outputs = [m async for m in session.outputs()]
+        assert [type(m) for m in outputs] == [TurnDone]
+    finally:
+        model.release.set()
+        await runtime.stop(0)
 
 
 async def test_a_reply_request_dropped_by_an_interrupt_counts_as_finished():

@@ -3,7 +3,6 @@ a live server on 127.0.0.1: the dialect of session_server/realtime/live_dialect.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any
 
@@ -13,7 +12,7 @@ from openai import AsyncOpenAI
 from configs import load_profile
 from tests.conftest import running_server
 from tests.live.fakes import TASK, live_profile
-from tests.realtime.client import API_KEY, b64, utterance
+from tests.realtime.client import API_KEY, b64, until, until_all, utterance
 from tests.realtime.speech import pcm16, silence
 
 LIVE_OUT = ("session.output_transcript.delta", "session.output_audio.delta")
@@ -22,26 +21,6 @@ LIVE_OUT = ("session.output_transcript.delta", "session.output_audio.delta")
 def live_client(srv) -> AsyncOpenAI:
     # The SDK builds wss:// from base_url; a plain-HTTP test server needs the ws:// base named.
     return AsyncOpenAI(base_url=srv.base_url + "/v1", websocket_base_url=srv.ws_url + "/v1", api_key=API_KEY)
-
-
-async def until(conn, kind: str, timeout: float = 30.0) -> list[Any]:
-    seen = []
-    async with asyncio.timeout(timeout):
-        while True:
-            event = await conn.recv()
-            seen.append(event)
-            if event.type == kind:
-                return seen
-
-
-async def until_all(conn, *kinds: str, timeout: float = 120.0) -> list[Any]:
-    seen, wanted = [], set(kinds)
-    async with asyncio.timeout(timeout):
-        while wanted:
-            event = await conn.recv()
-            seen.append(event)
-            wanted.discard(event.type)
-    return seen
 
 
 async def start(conn, **session: Any) -> Any:
@@ -145,13 +124,20 @@ async def test_instructions_appended_mid_session_reach_the_model_and_ask_no_repl
     assert sum(1 for t in turns if t.reply is not None) == 2  # one reply per commentary, none for the instructions
 
 
+async def delegation(conn, ask: str) -> Any:
+    """Start the session and ask for a delegation; the `session.delegation.created`, once the
+    turn that made it is over."""
+    await start(conn)
+    await conn.session.commentary.append(content=ask, delegation_id=None)
+    delegated = (await until(conn, "session.delegation.created"))[-1]
+    await until(conn, "session.usage.updated")
+    return delegated
+
+
 async def test_a_client_delegation_round_trip_the_model_goes_on_from_the_answer():
     async with running_server(live_profile(), api_key=API_KEY) as srv:
         async with live_client(srv).live.connect() as conn:
-            await start(conn)
-            await conn.session.commentary.append(content="The user wants the weather: delegate it.", delegation_id=None)
-            delegated = (await until(conn, "session.delegation.created"))[-1]
-            await until(conn, "session.usage.updated")
+            delegated = await delegation(conn, "The user wants the weather: delegate it.")
             await conn.session.commentary.append(content="It is sunny in Paris.", delegation_id=delegated.delegation.id,
                                                  event_id="answer_1")
             answered = await until(conn, "session.usage.updated")
@@ -169,10 +155,7 @@ async def test_a_client_delegation_round_trip_the_model_goes_on_from_the_answer(
 async def test_thinking_for_a_delegation_is_its_answer_too():
     async with running_server(live_profile(), api_key=API_KEY) as srv:
         async with live_client(srv).live.connect() as conn:
-            await start(conn)
-            await conn.session.commentary.append(content="Please delegate this.", delegation_id=None)
-            delegated = (await until(conn, "session.delegation.created"))[-1]
-            await until(conn, "session.usage.updated")
+            delegated = await delegation(conn, "Please delegate this.")
             await conn.session.thinking.append(content="Found: 21 degrees.", delegation_id=delegated.delegation.id)
             answered = await until(conn, "session.usage.updated")
 

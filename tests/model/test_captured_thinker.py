@@ -89,25 +89,96 @@ def test_a_repetition_penalty_is_captured_too(omni, runner):
     assert replays >= 8 and 4 in sizes
 
 
-def test_sampled_steps_run_eager(omni, runner):
-    runner.graphs = "auto"
-    unit = runner.step_unit
-    sessions = [ThinkerSession(omni, Sampling(temperature=0.8, seed=3), max_reply_tokens=8) for _ in range(2)]
-    for index, session in enumerate(sessions):
-        session.prefill(text_turn(omni, 4 + index, seed=index))
-    try:
-        replays = unit.replays
+def test_seeded_sampled_sessions_draw_the_eager_tokens_as_they_join_and_leave(omni, runner):
+    # Every setting of the sampler: temperature alone, top-k, top-p, min-p, all at once, with a
+    # repetition penalty, beside greedy rows: one sampled unit per step, padding rows among them.
+    sampled = {
+        "A": Sampling(temperature=0.9, seed=11, ignore_eos=True),
+        "B": Sampling(temperature=0.7, top_k=5, seed=12),
+        "C": Sampling(temperature=1.0, top_p=0.8, seed=13, ignore_eos=True),
+        "D": Sampling(temperature=1.3, min_p=0.05, seed=14, ignore_eos=True),
+        "E": Sampling(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.2, seed=15,
+                      ignore_eos=True),
+        "F": Sampling(ignore_eos=True),  # greedy, in the same unit
+    }
+    joins = {"A": 0, "B": 0, "C": 2, "D": 3, "E": 5, "F": 6}
+    replays, sizes, compared = _run_side_by_side(omni, runner, joins, limits={"B": 9}, closes={"D": 14},
+                                                 sampling=sampled, steps=30)
+    assert replays >= 25
+    assert {2, 4, 8} <= sizes  # 3, 5 and 6 rows padded among them
+    assert compared >= 100
+    assert any(sampled for _, _, sampled, _, _ in runner.step_unit._graphs)
+
+
+def _answers(runner: ThinkerRunner, rows: list[int], last: dict[int, int], choices: dict[int, Choice]) -> list:
+    return runner.answer([Feed(row, last[row], runner.cache.lengths[row], None, choices[row]) for row in rows])
+
+
+def test_unseeded_rows_draw_the_eager_tokens_from_the_same_default_generator(omni):
+    # Rows without a seed share the device's default generator: one draw of the step's noise,
+    # in row order, outside the captured region: the same noise, the same tokens.
+    eager, captured = (ThinkerRunner(omni, slots=4, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
+    for runner in (eager, captured):
         for _ in range(4):
-            step_together(runner, sessions)
-        assert unit.replays == replays
-    finally:
-        for session in sessions:
-            session.close()
+            runner.cache.acquire()
+    choices = {0: Choice(Sampling(temperature=1.0)), 1: Choice(Sampling(ignore_eos=True)),
+               2: Choice(Sampling(temperature=0.7, top_p=0.9, ignore_eos=True))}
+    last = {row: 30 + row for row in range(3)}
+    for step in range(12):
+        answers = []
+        for runner in (eager, captured):
+            torch.manual_seed(step)
+            answers.append(_answers(runner, [0, 1, 2], last, choices))
+        for row, want, got in zip(range(3), *answers):
+            assert got.token == want.token, (step, row)
+            last[row] = got.token
+    assert captured.step_unit.replays == 12 and captured.step_unit.replayed_key[2]
 
 
-def test_a_captured_step_reads_the_host_once(omni, runner):
+def test_a_grammar_masked_row_picks_only_allowed_ids_and_the_eager_ones(omni):
+    # Masked rows (greedy and sampled) beside rows without a grammar, the mask changing every
+    # step as a grammar's does, a masked step after an unmasked one and back, padding rows.
+    eager, captured = (ThinkerRunner(omni, slots=8, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
+    for runner in (eager, captured):
+        for _ in range(8):
+            runner.cache.acquire()
+    vocab = captured.step_unit.vocab_size
+    masks = torch.Generator().manual_seed(5)
+    last = {row: 40 + row for row in range(8)}
+    schedule = [[0, 1, 2], [0, 1, 2], [0, 1, 2, 3, 4], [1, 3], [0, 1, 2, 3, 4, 5, 6, 7], [2, 5, 6]]
+    masked_picks = 0
+    for step, rows in enumerate(schedule * 2):
+        allowed = {row: torch.rand(vocab, generator=masks) < 0.1 for row in rows}
+        masked = {row for row in rows if (row + step) % 3 != 2} if step != 3 else set()
+        choices = {}
+        for row in rows:
+            sampled = Sampling(temperature=0.8, top_k=20, seed=row, ignore_eos=True)
+            sampling = sampled if row % 2 else Sampling(ignore_eos=True)
+            choices[row] = Choice(sampling, None, None, allowed[row] if row in masked else None)
+        answers = []
+        for runner in (eager, captured):
+            for row in rows:  # each side its own generator in the same state
+                if row % 2:
+                    choices[row].generator = torch.Generator().manual_seed(100 * step + row)
+            answers.append(_answers(runner, rows, last, choices))
+        for row, want, got in zip(rows, *answers):
+            assert got.token == want.token, (step, row)
+            if row in masked:
+                assert allowed[row][got.token], (step, row)
+                masked_picks += 1
+            last[row] = got.token
+    assert masked_picks >= 20
+    assert captured.step_unit.replays == captured.step_unit.steps == 2 * len(schedule)
+
+
+@pytest.mark.parametrize("sampling", [
+    [Sampling(ignore_eos=True)] * 3,
+    [Sampling(temperature=0.8, top_k=10, top_p=0.9, seed=1, ignore_eos=True), Sampling(ignore_eos=True),
+     Sampling(temperature=1.1, min_p=0.1, repetition_penalty=1.1, ignore_eos=True)],
+], ids=["greedy", "greedy, seeded and unseeded sampled rows"])
+def test_a_captured_step_reads_the_host_once(omni, runner, sampling):
     runner.graphs = "auto"
-    sessions = [ThinkerSession(omni, Sampling(ignore_eos=True), max_reply_tokens=12) for _ in range(3)]
+    sessions = [ThinkerSession(omni, setting, max_reply_tokens=12) for setting in sampling]
     for index, session in enumerate(sessions):
         session.prefill(text_turn(omni, 5 + 4 * index, seed=index))
     try:
@@ -158,7 +229,7 @@ def test_captured_steps_equal_eager_ones_on_any_rows_with_padding(omni):
             torch.testing.assert_close(captured.cache.values[layer][row, :, :length],
                                        eager.cache.values[layer][row, :, :length])
     assert captured.step_unit.replays == captured.step_unit.steps == sum(steps for _, steps in schedule)
-    assert {(size, first_rows) for size, _, _, first_rows in keys} >= {(1, True), (2, True), (4, True), (2, False),
+    assert {(size, first_rows) for size, _, _, _, first_rows in keys} >= {(1, True), (2, True), (4, True), (2, False),
                                                                        (4, False), (8, False), (8, True)}
 
 
@@ -188,3 +259,20 @@ def test_a_hook_whose_loop_is_gone_leaves_captures_inline(omni):
     row = runner.cache.acquire()
     runner.answer([Feed(row, 21, 0, None, Choice(Sampling()))])
     assert unit.defer is None and unit.replays == 1
+
+
+def test_a_sampled_capture_that_fails_runs_eager_and_leaves_greedy_steps_captured(omni, monkeypatch):
+    from nodes.qwen3_omni import captured_thinker
+
+    def broken(*args):
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(captured_thinker._ChoiceBuffers, "__init__", broken)
+    runner = ThinkerRunner(omni, slots=2, capacity=64, graphs="auto")
+    unit = runner.step_unit
+    rows = [runner.cache.acquire() for _ in range(2)]
+    sampled = {0: Choice(Sampling(temperature=0.9), torch.Generator().manual_seed(1)), 1: Choice(Sampling())}
+    answers = runner.answer([Feed(row, 20 + row, 0, None, sampled[row]) for row in rows])
+    assert unit.replays == 0 and (2, True) in unit._failed and all(a.token is not None for a in answers)
+    runner.answer([Feed(row, 20 + row, runner.cache.lengths[row], None, Choice(Sampling())) for row in rows])
+    assert unit.replays == 1 and (2, False) not in unit._failed

@@ -10,6 +10,7 @@ import torch
 from nodes.qwen3_omni.inputs import build_turn_inputs
 from nodes.qwen3_omni.media_encoders import encode_turns
 from nodes.qwen3_omni.thinker_engine import ThinkerSession
+from tests.model.test_thinker import run_reply
 
 
 def system(omni, text: str) -> list[int]:
@@ -35,12 +36,7 @@ def speech(seconds: float, seed: int = 0) -> np.ndarray:
 
 def answer(session: ThinkerSession, omni, key: str) -> list[int]:
     session.prefill(reply_request(omni), key=key)
-    tokens = []
-    while (step := session.decode_step()).finish_reason is None:
-        tokens.append(step.token_id)
-    if step.token_id is not None:
-        tokens.append(step.token_id)
-    return tokens
+    return run_reply(session)
 
 
 def new_session(omni) -> ThinkerSession:

@@ -34,6 +34,17 @@ async def until(conn, kind: str, timeout: float = 30.0) -> list[Any]:
                 return seen
 
 
+async def until_all(conn, *kinds: str, timeout: float = 120.0) -> list[Any]:
+    """SDK events up to and including the last of `kinds` to arrive (each at least once)."""
+    seen, wanted = [], set(kinds)
+    async with asyncio.timeout(timeout):
+        while wanted:
+            event = await conn.recv()
+            seen.append(event)
+            wanted.discard(event.type)
+    return seen
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -75,9 +86,11 @@ class RawClient:
 
 
 @contextlib.asynccontextmanager
-async def raw_client(server, model: str = MODEL, api_key: str | None = API_KEY, **options: Any) -> AsyncIterator[RawClient]:
+async def raw_client(server, model: str = MODEL, api_key: str | None = API_KEY, query: str = "",
+                     **options: Any) -> AsyncIterator[RawClient]:
+    """`query`: more of the URL's query string (`&session_id=...`)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = f"{server.ws_url}/v1/realtime?model={model}"
+    url = f"{server.ws_url}/v1/realtime?model={model}{query}"
     async with websockets.connect(url, additional_headers=headers, max_size=None, **options) as ws:
         client = RawClient(ws)
         yield client

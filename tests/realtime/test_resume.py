@@ -3,26 +3,19 @@ from its snapshot on another (KV rebuilt); a wrong token is `session_not_found`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 from typing import Any
 
-import websockets
-
 from configs import load_profile
 from tests.conftest import http_client, running_server
-from tests.realtime.client import API_KEY, RawClient
+from tests.realtime.client import API_KEY, RawClient, raw_client
 from tests.realtime.fakes import realtime_profile
 
-HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
-
-@contextlib.asynccontextmanager
-async def connect(srv, query: str = ""):
-    url = f"{srv.ws_url}/v1/realtime?model={srv.runtime.model_id}{query}"
-    async with websockets.connect(url, additional_headers=HEADERS, max_size=None) as ws:
-        yield RawClient(ws)
+def connect(srv, query: str = ""):
+    """A raw client of the server's own model, authorised."""
+    return raw_client(srv, model=srv.runtime.model_id, query=query)
 
 
 def resume_query(session_id: str, token: str) -> str:

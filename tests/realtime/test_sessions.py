@@ -56,9 +56,7 @@ async def test_a_client_that_stops_reading_is_closed_instead_of_growing_server_m
         port = int(srv.base_url.rsplit(":", 1)[1])
         reader, writer = await stalled_client(port, {"type": "response.create"})
         try:
-            async with asyncio.timeout(10):
-                while not srv.runtime.sessions:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: srv.runtime.sessions, "the stalled client's session")
             (session,) = srv.runtime.sessions.values()
             # The client reads nothing more; the server must give up on it on its own.
             async with asyncio.timeout(30):

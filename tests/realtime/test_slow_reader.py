@@ -12,7 +12,7 @@ import asyncio
 import json
 import struct
 
-from tests.conftest import running_server
+from tests.conftest import eventually, running_server
 from tests.realtime.client import API_KEY
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.test_sessions import stalled_client
@@ -37,9 +37,7 @@ async def test_a_client_that_stops_reading_during_a_paced_reply_is_closed_with_o
         port = int(srv.base_url.rsplit(":", 1)[1])
         reader, writer = await stalled_client(port, {"type": "response.create"})
         try:
-            async with asyncio.timeout(10):
-                while not srv.runtime.sessions:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: srv.runtime.sessions, "the stalled client's session")
             (session,) = srv.runtime.sessions.values()
             async with asyncio.timeout(30):  # a bound on the wait, not a timing assertion
                 await session.ended.wait()

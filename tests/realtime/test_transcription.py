@@ -30,7 +30,7 @@ from graph.messages import (
     TurnDone,
 )
 from graph.runtime import GraphRuntime
-from session_server.realtime.protocol import RealtimeProtocol, SendEvent, SendToGraph
+from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
 from tests.conftest import running_server
 from tests.realtime.client import (
     API_KEY,
@@ -39,20 +39,14 @@ from tests.realtime.client import (
     raw_client,
     sdk_client,
     until,
+    until_all,
     utterance,
 )
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.speech import pcm16
+from tests.realtime.test_protocol import events, kinds
 
 # --------------------------------------------------------------------------- the protocol alone
-
-
-def events(actions) -> list[dict]:
-    return [a.event for a in actions if isinstance(a, SendEvent)]
-
-
-def kinds(actions) -> list[str]:
-    return [e["type"] for e in events(actions)]
 
 
 def configures(actions, target: str = "dialog") -> list[dict]:
@@ -451,12 +445,12 @@ async def test_spoken_turns_on_the_default_graph_get_transcripts_that_change_not
             updated = (await until(conn, "session.updated"))[-1]
             assert updated.session.audio.input.transcription.model == "whisper-1"
             await append_pcm(conn, utterance())
-            first = await until_both(conn, "response.done", "conversation.item.input_audio_transcription.completed")
+            first = await until_all(conn, "response.done", "conversation.item.input_audio_transcription.completed")
             item_id = next(e.item_id for e in first if e.type == "input_audio_buffer.committed")
             await conn.conversation.item.retrieve(item_id=item_id)
             retrieved = (await until(conn, "conversation.item.retrieved"))[-1]
             await append_pcm(conn, utterance("And tomorrow?"))
-            second = await until_both(conn, "response.done", "conversation.item.input_audio_transcription.completed")
+            second = await until_all(conn, "response.done", "conversation.item.input_audio_transcription.completed")
 
     types = [e.type for e in first]
     completed = next(e for e in first if e.type == "conversation.item.input_audio_transcription.completed")
@@ -473,16 +467,6 @@ async def test_spoken_turns_on_the_default_graph_get_transcripts_that_change_not
     usage = next(e for e in first if e.type == "response.done").response.usage
     second_usage = next(e for e in second if e.type == "response.done").response.usage
     assert second_usage.input_token_details.cached_tokens == usage.input_tokens + usage.output_token_details.text_tokens
-
-
-async def until_both(conn, *kinds: str, timeout: float = 120.0) -> list:
-    seen, wanted = [], set(kinds)
-    async with asyncio.timeout(timeout):
-        while wanted:
-            event = await conn.recv()
-            seen.append(event)
-            wanted.discard(event.type)
-    return seen
 
 
 async def test_a_transcription_session_on_the_default_graph_sends_transcripts_and_no_replies():

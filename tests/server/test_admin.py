@@ -16,19 +16,16 @@ import yaml
 from clients.python.webrtc import WebRTCSession
 from tests.conftest import REPO, free_port, http_client, running_server, serve_process
 from tests.graph.fakes import relay_sink_profile
-from tests.realtime.client import API_KEY, RawClient
+from tests.realtime.client import API_KEY, RawClient, raw_client
 from tests.realtime.fakes import realtime_profile
 from tests.webrtc.helpers import until_true, webrtc_profile
 
 ADMIN_KEY = "admin-key"
-HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
-@contextlib.asynccontextmanager
-async def connect(srv, query: str = ""):
-    url = f"{srv.ws_url}/v1/realtime?model={srv.runtime.model_id}{query}"
-    async with websockets.connect(url, additional_headers=HEADERS, max_size=None) as ws:
-        yield RawClient(ws)
+def connect(srv, query: str = ""):
+    """A raw client of the server's own model, authorised."""
+    return raw_client(srv, model=srv.runtime.model_id, query=query)
 
 
 async def opened(client: RawClient) -> tuple[str, str]:

@@ -19,22 +19,14 @@ from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from tests.conftest import running_server
 from tests.realtime.fakes import realtime_profile
-from tests.speech.fake_speaker import speaker_profile
+from tests.speech.fake_speaker import with_speaker
 
 KEY = "sk-test-key"
 EXAMPLES_PER_OPERATION = 60
 
 
 def every_route_profile(voices_dir) -> dict:
-    profile = realtime_profile()
-    speech = speaker_profile(voices_dir)
-    profile["imports"] += speech["imports"]
-    profile["resources"] = speech["resources"]
-    profile["nodes"].update(speech["nodes"])
-    profile["inputs"].update(speech["inputs"])
-    profile["outputs"] += speech["outputs"]
-    profile["speech"] = speech["speech"]
-    return profile
+    return with_speaker(realtime_profile(), voices_dir)
 
 
 def assert_openai_error(response: requests.Response) -> None:

@@ -120,3 +120,15 @@ def speaker_profile(voices_dir, **speaker_params) -> dict:
         "outputs": ["speaker.audio"],
         "speech": speech,
     }
+
+
+def with_speaker(profile: dict, voices_dir, **speaker_params) -> dict:
+    """`profile` (a realtime one) that also answers speech requests with the fake speaker."""
+    speech = speaker_profile(voices_dir, **speaker_params)
+    profile["imports"] += speech["imports"]
+    profile["resources"] = speech["resources"]
+    profile["nodes"].update(speech["nodes"])
+    profile["inputs"].update(speech["inputs"])
+    profile["outputs"] += speech["outputs"]
+    profile["speech"] = speech["speech"]
+    return profile

@@ -16,7 +16,6 @@ tools under it). Run by tests/live/test_live_frameworks.py with the livekit venv
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 from typing import Any
 
@@ -28,16 +27,21 @@ from steps import (
     INSTRUCTIONS,
     NEW_INSTRUCTIONS,
     RATE,
-    TRANSCRIPT_WAIT_S,
     Report,
     ServerLog,
+    live_audio_bytes,
+    live_barge_in,
+    live_spoken_turn,
     load_config,
-    paced_chunks,
     pcm,
+    speak,
+    transcript,
     until,
     weather_report,
     weather_sentence,
 )
+
+OPENING = "Greet the user in one short sentence."
 
 
 class Observer:
@@ -66,29 +70,16 @@ class Observer:
         return [event for event in self.sent if event["type"] == kind][-1]
 
 
-def said(log: ServerLog, mark: int, kind: str) -> str:
-    return "".join(event.get("delta") or "" for event in log.since(mark, kind))
-
-
-def audio_bytes(log: ServerLog, mark: int, end: int | None = None) -> int:
-    return sum(len(base64.b64decode(event["delta"])) for event in log.events[mark:end]
-               if event["type"] == "session.output_audio.delta")
-
-
-async def send_speech(session, audio: bytes, speedup: float = 2.0) -> None:
-    async for chunk in paced_chunks(audio, speedup):
+def microphone(session) -> Any:
+    """`push` for steps.speak: each chunk an rtc.AudioFrame through the session's push_audio."""
+    async def push(chunk: bytes) -> None:
         session.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1, samples_per_channel=len(chunk) // 2))
+
+    return push
 
 
 async def spoken_turn(session, log: ServerLog, audio: bytes) -> dict[str, Any]:
-    mark = log.mark()
-    await send_speech(session, audio)
-    await log.next(mark, "session.usage.updated")
-    with contextlib.suppress(TimeoutError):  # transcripts may trail the reply
-        async with asyncio.timeout(TRANSCRIPT_WAIT_S):
-            await log.next(mark, "session.input_transcript.delta")
-    return {"heard": said(log, mark, "session.input_transcript.delta"),
-            "said": said(log, mark, "session.output_transcript.delta"), "audio_bytes": audio_bytes(log, mark)}
+    return await live_spoken_turn(microphone(session), log, audio)
 
 
 async def acknowledged(log: ServerLog, mark: int, kind: str, sent: dict[str, Any]) -> bool:
@@ -97,19 +88,9 @@ async def acknowledged(log: ServerLog, mark: int, kind: str, sent: dict[str, Any
 
 
 async def barge_in(session, observed: Observer, report: Report, config: dict) -> None:
-    """Speak; once the reply's audio is arriving, speak over it. The reply stops short and the
-    speech over it is the next turn, answered."""
-    log = observed.server
-    mark, speech_started = log.mark(), observed.speech_started
-    speaking = asyncio.create_task(send_speech(session, pcm(config["audio"]["first"])))
-    await log.next(mark, "session.output_audio.delta")
-    speaking.cancel()
-    await send_speech(session, pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
-    cut = await log.next(mark, "session.usage.updated")
-    cut_at = log.events.index(cut) + 1
-    await log.next(cut_at, "session.usage.updated")
-    report.note(interrupted_audio_bytes=audio_bytes(log, mark, cut_at), following_audio_bytes=audio_bytes(log, cut_at),
-                following_said=said(log, cut_at, "session.output_transcript.delta"),
+    """steps.live_barge_in, and whether livekit saw the user speak (it has no interrupt for a duplex model)."""
+    speech_started = observed.speech_started
+    report.note(**await live_barge_in(microphone(session), observed.server, config),
                 input_speech_started=observed.speech_started - speech_started)
 
 
@@ -122,10 +103,10 @@ async def walk(session, observed: Observer, report: Report, config: dict) -> Non
 
     async with report.stepping("typed_turn"):
         mark = log.mark()
-        session.append_commentary("Greet the user in one short sentence.")
+        session.append_commentary(OPENING)
         done = await log.next(mark, "session.usage.updated")
         report.note(commentary_appended=bool(log.since(mark, "session.commentary.appended")),
-                    said=said(log, mark, "session.output_transcript.delta"), audio_bytes=audio_bytes(log, mark),
+                    said=transcript(log, mark, "session.output_transcript.delta"), audio_bytes=live_audio_bytes(log, mark),
                     usage=done["usage"])
 
     async with report.stepping("spoken_turn"):
@@ -150,11 +131,11 @@ async def walk(session, observed: Observer, report: Report, config: dict) -> Non
         muted = await acknowledged(log, mark, "session.input_audio.muted", observed.last_sent("session.input_audio.mute"))
         # Speech over a reply while muted: heard, it would cut the reply short (as in barge_in).
         reply_mark = log.mark()
-        session.append_commentary("Greet the user in one short sentence.")
+        session.append_commentary(OPENING)
         await log.next(reply_mark, "session.output_audio.delta")
-        await send_speech(session, pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
+        await speak(microphone(session), pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
         await log.next(reply_mark, "session.usage.updated")
-        report.note(muted_acknowledged=muted, reply_audio_bytes=audio_bytes(log, reply_mark))
+        report.note(muted_acknowledged=muted, reply_audio_bytes=live_audio_bytes(log, reply_mark))
         unmute_mark = log.mark()
         session.unmute_input()
         await until(lambda: any(event["type"] == "session.input_audio.unmute" for event in observed.sent))
@@ -183,7 +164,7 @@ async def walk_delegation(session, observed: Observer, report: Report) -> None:
         sent = observed.last_sent("session.commentary.append")
         report.note(delegation=created["delegation"], framework_delegations=[d.id for d in observed.delegations],
                     sent={key: sent.get(key) for key in ("type", "delegation_id", "content")},
-                    said_after_answer=said(log, mark, "session.output_transcript.delta"))
+                    said_after_answer=transcript(log, mark, "session.output_transcript.delta"))
 
 
 async def main() -> None:

@@ -16,12 +16,9 @@ Run by tests/live/test_live_frameworks.py with the pipecat venv: `python drive_p
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import json
 from typing import Any
 
-from pipecat.adapters.schemas.function_schema import FunctionSchema
 from pipecat.adapters.schemas.tools_schema import ToolsSchema
 from pipecat.frames.frames import (
     EndFrame,
@@ -37,43 +34,38 @@ from pipecat.frames.frames import (
     OutputAudioRawFrame,
 )
 from pipecat.observers.base_observer import BaseObserver, FramePushed
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.llm_service import FunctionCallFromLLM, FunctionCallParams, LLMService
+from pipecat.services.llm_service import FunctionCallFromLLM, LLMService
 from pipecat.services.openai.live import events
 from pipecat.services.openai.live import llm as live_llm
 from pipecat.services.openai.live.llm import OpenAILiveLLMService
 from pipecat.turns.user_mute.base_user_mute_strategy import BaseUserMuteStrategy
 from pipecat.workers.llm.backend_llm_worker import BackendLLMWorker
-from pipecat.workers.runner import WorkerRunner
+from pipecat_pipeline import get_weather, microphone, pipeline_worker, run_worker, tap_server_events, weather_schema
 from steps import (
     BARGE_IN_SPEEDUP,
     DELEGATE_ASK,
     INSTRUCTIONS,
     NEW_INSTRUCTIONS,
     RATE,
-    TRANSCRIPT_WAIT_S,
-    WEATHER_TOOL,
     Report,
     ServerLog,
+    live_audio_bytes,
+    live_barge_in,
+    live_spoken_turn,
     load_config,
-    paced_chunks,
     pcm,
+    speak,
+    tool_calls,
+    transcript,
     until,
-    weather_report,
     weather_sentence,
 )
 
 OPENING = "Greet the user in one short sentence."
-tool_calls: list[dict[str, Any]] = []
-
-
-async def get_weather(params: FunctionCallParams) -> None:
-    tool_calls.append(dict(params.arguments))
-    await params.result_callback(weather_report(params.arguments.get("city")))
 
 
 class WeatherBackendLLM(LLMService):
@@ -118,16 +110,6 @@ class Observer(BaseObserver):
         self.context_appends: list[dict[str, Any]] = []  # as pipecat sent them
         self.user_muted = False
 
-    def tap_server_events(self) -> None:
-        parse = events.parse_server_event
-
-        def parse_and_record(message: str):
-            event = parse(message)
-            self.server.add(json.loads(message))
-            return event
-
-        live_llm.events.parse_server_event = parse_and_record
-
     async def on_push_frame(self, data: FramePushed) -> None:
         if data.destination is self.service and isinstance(data.frame, InputAudioRawFrame):
             self.audio_frames_in += 1
@@ -141,50 +123,14 @@ class Observer(BaseObserver):
             self.report.error(data.frame.error)
 
 
-def transcript(observed: Observer, mark: int, kind: str) -> str:
-    return "".join(event["delta"] for event in observed.server.since(mark, kind))
-
-
-async def send_speech(worker: PipelineWorker, audio: bytes, speedup: float = 2.0) -> None:
-    async for chunk in paced_chunks(audio, speedup):
-        await worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=RATE, num_channels=1))
-
-
 async def spoken_turn(worker: PipelineWorker, observed: Observer, audio: bytes) -> dict[str, Any]:
-    mark, audio_before = observed.server.mark(), observed.audio_bytes
-    await send_speech(worker, audio)
-    await observed.server.next(mark, "session.usage.updated")
-    with contextlib.suppress(TimeoutError):  # transcripts may trail the reply
-        async with asyncio.timeout(TRANSCRIPT_WAIT_S):
-            await observed.server.next(mark, "session.input_transcript.delta")
-    return {"heard": transcript(observed, mark, "session.input_transcript.delta"),
-            "said": transcript(observed, mark, "session.output_transcript.delta"),
-            "audio_bytes": observed.audio_bytes - audio_before}
-
-
-def reply_audio_bytes(observed: Observer, start: int, end: int | None = None) -> int:
-    """Bytes of reply audio the server sent between two marks of its log."""
-    return sum(len(base64.b64decode(e["delta"])) for e in observed.server.events[start:end]
-               if e["type"] == "session.output_audio.delta")
+    """steps.live_spoken_turn, with the audio pipecat pushed on, not the server's bytes."""
+    return await live_spoken_turn(microphone(worker), observed.server, audio, played=lambda: observed.audio_bytes)
 
 
 async def barge_in(worker: PipelineWorker, observed: Observer, report: Report, config: dict) -> None:
-    """Speak; once the reply's audio is arriving, speak over it. The reply stops short (its
-    `session.usage.updated` comes with less audio than a whole reply) and the speech over it is
-    the next turn, answered."""
-    mark, interruptions = observed.server.mark(), observed.interruptions
-    speaking = asyncio.create_task(send_speech(worker, pcm(config["audio"]["first"])))
-    await observed.server.next(mark, "session.output_audio.delta")
-    speaking.cancel()
-    barge_mark = observed.server.mark()
-    await send_speech(worker, pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
-    cut = await observed.server.next(mark, "session.usage.updated")
-    cut_at = observed.server.events.index(cut) + 1
-    await observed.server.next(cut_at, "session.usage.updated")
-    report.note(interrupted_audio_bytes=reply_audio_bytes(observed, mark, cut_at),
-                following_audio_bytes=reply_audio_bytes(observed, cut_at),
-                following_said=transcript(observed, cut_at, "session.output_transcript.delta"),
-                heard=transcript(observed, barge_mark, "session.input_transcript.delta"),
+    interruptions = observed.interruptions
+    report.note(**await live_barge_in(microphone(worker), observed.server, config),
                 interruption_frames=observed.interruptions - interruptions)
 
 
@@ -199,7 +145,7 @@ async def walk(worker: PipelineWorker, service: OpenAILiveLLMService, mute: User
     async with report.stepping("typed_turn"):
         done = await observed.server.next(0, "session.usage.updated")
         report.note(commentary_appended=bool(observed.server.since(0, "session.commentary.appended")),
-                    said=transcript(observed, 0, "session.output_transcript.delta"), audio_bytes=observed.audio_bytes,
+                    said=transcript(observed.server, 0, "session.output_transcript.delta"), audio_bytes=observed.audio_bytes,
                     usage=done["usage"])
 
     async with report.stepping("spoken_turn"):
@@ -226,10 +172,10 @@ async def walk(worker: PipelineWorker, service: OpenAILiveLLMService, mute: User
         mark, frames_before = observed.server.mark(), observed.audio_frames_in
         await service.send_client_event(events.SessionCommentaryAppendEvent(delegation_id=None, content=OPENING))
         await observed.server.next(mark, "session.output_audio.delta")
-        await send_speech(worker, pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
+        await speak(microphone(worker), pcm(config["audio"]["barge_in"]), BARGE_IN_SPEEDUP)
         await observed.server.next(mark, "session.usage.updated")
         report.note(audio_frames_sent_while_muted=observed.audio_frames_in - frames_before,
-                    reply_audio_bytes=reply_audio_bytes(observed, mark))
+                    reply_audio_bytes=live_audio_bytes(observed.server, mark))
         mute.muted = False
         report.note(after_unmute=await spoken_turn(worker, observed, pcm(config["audio"]["first"])))
 
@@ -249,7 +195,7 @@ async def walk_delegation(worker: PipelineWorker, observed: Observer, report: Re
         await observed.server.next(after, "session.usage.updated")
         report.note(delegation=created["delegation"], framework_delegations=observed.delegations,
                     tool_function_calls=list(tool_calls), context_appends=observed.context_appends,
-                    said_after_answer=transcript(observed, after, "session.output_transcript.delta"))
+                    said_after_answer=transcript(observed.server, after, "session.output_transcript.delta"))
 
 
 async def main() -> None:
@@ -257,15 +203,12 @@ async def main() -> None:
     delegating = config.get("delegating", False)
     report = Report()
     observed = Observer(report)
-    observed.tap_server_events()
+    tap_server_events(live_llm, observed.server, report)
     delegation = None
     if delegating:
-        weather = FunctionSchema(name=WEATHER_TOOL["name"], description=WEATHER_TOOL["description"],
-                                 properties=WEATHER_TOOL["parameters"]["properties"],
-                                 required=WEATHER_TOOL["parameters"]["required"])
         backend_llm = WeatherBackendLLM()
         backend_llm.register_function("get_weather", get_weather)
-        backend = BackendLLMWorker(llm=backend_llm, context=LLMContext(tools=ToolsSchema(standard_tools=[weather])))
+        backend = BackendLLMWorker(llm=backend_llm, context=LLMContext(tools=ToolsSchema(standard_tools=[weather_schema()])))
         delegation = OpenAILiveLLMService.ClientDelegation(backend=backend)
     service = OpenAILiveLLMService(api_key=config["api_key"], base_url=config["live_url"], delegation=delegation,
                                    settings=OpenAILiveLLMService.Settings(model="gpt-live-1"))
@@ -298,24 +241,9 @@ async def main() -> None:
     async def on_user_mute_stopped(_aggregator) -> None:
         observed.user_muted = False
 
-    worker = PipelineWorker(
-        Pipeline([user_aggregator, service, assistant_aggregator]),
-        params=PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE),
-        idle_timeout_secs=None,
-        observers=[observed],
-    )
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
-    try:
-        if delegating:
-            await walk_delegation(worker, observed, report)
-        else:
-            await walk(worker, service, mute, observed, report, config)
-    finally:
-        await worker.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(running, 10)
+    worker = pipeline_worker([user_aggregator, service, assistant_aggregator], observed)
+    walking = walk_delegation(worker, observed, report) if delegating else walk(worker, service, mute, observed, report, config)
+    await run_worker(worker, walking)
     report.end()
 
 

@@ -1,0 +1,327 @@
+"""A truncation's KV rebuild made ahead of need, in a spare row, off the turns' path.
+
+A truncation keeps the KV up to the instructions and re-prefills every item that stays
+(thinker_engine.py `drop_oldest_work`): on a full 32k context that is tens of thousands of tokens,
+seconds to tens of seconds on CPU, on the path of the turn that needed the room. Instead, once a
+session's context is a few turns from needing a truncation, the thinker (nodes/thinker.py) plans
+it (`plan`: which oldest items will leave, by the same policy, truncation.py) and builds the
+context as it will be in a second KV row of the shared slot cache, the spare: the instructions'
+KV copied from the session's row, then the kept items re-prefilled in small chunks, each chunk its
+own unit at idle priority (`build`), so that any live work goes first. Turns go on meanwhile in
+the session's own row, and once the planned items are in, the build follows them: after each
+reply the items completed since (`since_built`) go into the spare too, at the same priority.
+
+When the truncation is needed (where it would be made in place: right after a reply, or before
+a turn that needs the room, which then waits for the rest of the build), `adopt_work` makes the
+spare the session's row, between turns (never during a reply): the items the spare holds are compared with the session's history, segment by segment
+(the same segment, the same token ids), and what differs or came since the plan (the last
+reply, its closing, the turns since) is prefilled into the spare at the caller's priority, the
+short catch-up; then the rows swap and the old one is given back. The result is by construction
+what `drop_oldest_work` makes (the instructions, then every item from the first kept one on,
+each re-prefilled as a fresh session would: tests/model/test_spare_row.py), so usage and
+`cached_tokens` are what they are after any truncation. A plan the history has overtaken (its
+first kept item deleted, the instructions changed) is not adopted; the spare is given back and
+the truncation is made in place as before.
+
+One spare row per engine (the thinker node's), used by one session's build at a time; with
+`kv_cache: preallocate` it is a row allocated at start beside the sessions' rows (admission
+never counts it: `Thinker.kv_rows`), with a growing cache it is taken on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from graph.executor import PRIORITY_IDLE
+from nodes.qwen3_omni.thinker_history import Segment
+from nodes.qwen3_omni.thinker_requests import Chunk, ThinkerError, Work
+
+if TYPE_CHECKING:
+    from nodes.qwen3_omni.thinker_engine import ThinkerSession
+
+# A build's prefill goes through the model in chunks this small: a live turn that arrives while
+# one runs waits for at most one (the worker never preempts a unit).
+SPARE_CHUNK_TOKENS = 64
+
+
+@dataclass(eq=False)
+class _Built:
+    segment: Segment
+    ids: list[int]
+    start: int  # its first token's column in the spare row
+    user_parts: list[Any] = field(default_factory=list)
+
+
+class SpareRow:
+    """One session's planned truncation and the spare KV row it is built in (see the module
+    docstring). `_slot` is the row while the spare holds it (the batch function's owner check
+    reads it); `ready` once every planned item is in it."""
+
+    def __init__(self, session: ThinkerSession, first_kept: Segment, dropped: int,
+                 planned: list[tuple[Segment, list[int]]], chunk_tokens: int = SPARE_CHUNK_TOKENS):
+        self.session = session
+        self.first_kept = first_kept  # the oldest item that stays
+        self.dropped = dropped  # items the plan drops (the count at adoption may differ)
+        self.planned = planned  # (segment, its ids) of the complete items that stay, at the plan
+        self.chunk_tokens = chunk_tokens
+        instructions = session.instructions_length
+        self.instruction_ids = list(session.context_ids[:instructions])
+        self.ids = list(self.instruction_ids)  # what the row holds
+        self.positions_after = list(session._positions_after[:instructions])
+        self.built: list[_Built] = []
+        self.role: Any = session._role_after(self.ids, None)
+        self.last_logits: torch.Tensor | None = None
+        self.tokens = 0  # tokens prefilled into it, the catch-up's included
+        self.busy_s = 0.0  # compute time of its units
+        self.planned_at = time.perf_counter()
+        self.priority = PRIORITY_IDLE  # raised when a turn waits for the rest
+        self.ready = False
+        self.closed = False
+        # Set by the session before it waits for `settled` to adopt: no extension starts after it
+        # (checked and `settled` cleared with no await between, so the two never overlap).
+        self.adopting = False
+        self.done = asyncio.Event()  # failed, adopted or given back
+        self.settled = asyncio.Event()  # no unit of it is queued or running (adoption waits for it)
+        self.grown = asyncio.Event()  # the session's history grew: the build follows it
+        self._slot: int | None = None
+        self._release: weakref.finalize | None = None
+
+    @property
+    def next_position(self) -> int:
+        return self.positions_after[-1] if self.positions_after else 0
+
+    def row(self) -> int:
+        if self._slot is None:
+            raise ThinkerError("session_closed", "the spare row was given back")
+        return self._slot
+
+    def take_row(self) -> None:
+        """The spare row, with the session's instructions copied into it (compute side)."""
+        cache = self.session._runner.cache
+        with cache.lock:
+            if self.closed:
+                raise ThinkerError("session_closed", "the spare row was given back")
+            self._slot = cache.acquire()
+            self._release = weakref.finalize(self, _give_back, cache, self._slot)
+            cache.copy_prefix(self.session._row(), self._slot, len(self.instruction_ids))
+
+    def give_back(self) -> None:
+        """The row goes back to the cache (a plan not adopted, a session closed); idempotent."""
+        self.closed = True
+        with self.session._runner.cache.lock:  # a forward on the row never sees it half given back
+            self._slot = None
+            if self._release is not None:
+                self._release()
+        self.done.set()
+        self.grown.set()  # the build's loop ends
+
+    def handed_over(self) -> int:
+        """The row is the session's now: this spare no longer gives it back."""
+        slot = self.row()
+        if self._release is not None:
+            self._release.detach()
+        self._slot = self._release = None
+        self.closed = True
+        self.done.set()
+        self.grown.set()
+        return slot
+
+
+def _give_back(cache, slot: int) -> None:
+    with cache.lock:
+        cache.release(slot)
+
+
+def plan(session: ThinkerSession, count: int, chunk_tokens: int = SPARE_CHUNK_TOKENS) -> SpareRow | None:
+    """A spare for dropping the `count` oldest conversation items (`truncation_plan`); None when
+    there is nothing to keep. The last item is planned only when complete (no reply running, no
+    closing waiting): the adoption's catch-up prefills it."""
+    conversation = session.history.conversation(session.context_length)
+    if count <= 0 or count >= len(conversation):
+        return None
+    segments = session.history.segments
+    first = conversation[count][0]
+    last = len(segments) - (1 if session.pending or session.replying else 0)
+    planned = [(segments[i], list(session.context_ids[segments[i].start : session.history.end(i, session.context_length)]))
+               for i in range(first, last)]
+    return SpareRow(session, segments[first], count, planned, chunk_tokens)
+
+
+@torch.inference_mode()
+def build_work(spare: SpareRow, items: list[tuple[Segment, list[int]]] | None = None) -> Work:
+    """The planned items (or `items`) into the spare row, in its chunks (a generator of forward
+    requests)."""
+    for segment, ids in spare.planned if items is None else items:
+        yield from _feed(spare, segment, ids)
+    spare.ready = True
+
+
+def since_built(spare: SpareRow) -> list[tuple[Segment, list[int]]]:
+    """The session's complete items after the last one built, while what was built still matches
+    its history (else none: the adoption's catch-up sorts it out)."""
+    session = spare.session
+    segments = session.history.segments
+    index = next((i for i, s in enumerate(segments) if s is spare.first_kept), None)
+    if index is None:
+        return []
+    length = session.context_length
+    live = [(s, session.context_ids[s.start : session.history.end(i, length)]) for i, s in enumerate(segments) if i >= index]
+    if len(live) <= len(spare.built) or any(b.segment is not s or b.ids != ids for b, (s, ids) in zip(spare.built, live)):
+        return []
+    complete = len(live) - (1 if session.pending or session.replying else 0)
+    return [(s, list(ids)) for s, ids in live[len(spare.built) : complete]]
+
+
+def _feed(spare: SpareRow, segment: Segment, ids: list[int]) -> Work:
+    session = spare.session
+    if not ids:  # an empty segment (a reply not begun): nothing to prefill
+        spare.built.append(_Built(segment, [], len(spare.ids)))
+        return
+    embeds, deepstack, visual_mask = session._embed(ids, segment.media)
+    positions = session._positions(ids, segment.media, after=spare.next_position)
+    user_mask, mm_mask = session._user_and_multimodal_masks(ids, role=spare.role)
+    want_hidden = session.accept_layer is not None and bool(mm_mask.any())
+    logits, hidden = yield from session._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden,
+                                                        spare=spare)
+    built = _Built(segment, list(ids), len(spare.ids))
+    if session.omni.talker is not None:
+        built.user_parts = session._talker_user_parts(ids, user_mask, mm_mask, hidden)
+    ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
+    spare.ids.extend(ids)
+    spare.positions_after.extend(int(p) for p in ends.tolist())
+    spare.role = session._role_after(ids, spare.role)
+    spare.built.append(built)
+    spare.last_logits = logits
+    spare.tokens += len(ids)
+
+
+async def build(spare: SpareRow, compute: Any) -> None:
+    """Run `build_work` one forward request per compute unit, at the spare's priority (idle until
+    a turn waits for it); sets `done` when it ends, built or not."""
+    runner = spare.session._runner
+    work = build_work(spare)
+
+    @torch.inference_mode()
+    def unit(first: bool, answer: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            if first:
+                spare.take_row()
+                request = next(work)
+            else:
+                request = work.send(answer)
+            assert isinstance(request, Chunk)  # a build only prefills
+            return runner.forward_rows(request)
+        except StopIteration:
+            return _DONE
+        finally:
+            spare.busy_s += time.perf_counter() - started
+
+    async def run(first: bool) -> None:
+        answer: Any = None
+        while not spare.closed:
+            answer = await compute.run(unit, first, answer, priority=spare.priority)
+            first = False
+            if answer is _DONE:
+                return
+
+    try:
+        await run(True)
+        # Built: it follows the session's turns (at the same priority) until it is adopted.
+        while not spare.closed:
+            spare.settled.set()
+            await spare.grown.wait()
+            spare.grown.clear()
+            items = since_built(spare)
+            if items and not spare.closed and not spare.adopting:
+                spare.settled.clear()
+                work = build_work(spare, items)
+                await run(False)
+    except (ThinkerError, RuntimeError):  # given back meanwhile, or the pool stopped
+        spare.give_back()
+    except BaseException:
+        spare.give_back()
+        raise
+    finally:
+        work.close()
+        spare.settled.set()
+        spare.done.set()
+
+
+_DONE: Any = type("Done", (), {"__repr__": lambda self: "DONE"})()
+
+
+@torch.inference_mode()
+def adopt_work(spare: SpareRow) -> Work:
+    """Make the built spare the session's row (see the module docstring) -> (items dropped,
+    tokens the catch-up prefilled), or None when the history has overtaken the plan (the spare
+    is then left to be given back). Never while a reply is being made."""
+    session = spare.session
+    assert not session.replying, "a reply in progress never changes rows"
+    session._sync_row()
+    segments = session.history.segments
+    index = next((i for i, s in enumerate(segments) if s is spare.first_kept), None)
+    conversation = session.history.conversation(session.context_length)
+    if (not spare.ready or spare.closed or index is None or not conversation
+            or session.context_ids[: session.instructions_length] != spare.instruction_ids):
+        return None
+    dropped = sum(1 for i, _ in conversation if i < index)
+    spare.chunk_tokens = session.prefill_chunk_tokens  # the catch-up is live work: the usual chunks
+    length = session.context_length
+    live = [(s, session.context_ids[s.start : session.history.end(i, length)]) for i, s in enumerate(segments) if i >= index]
+    same = 0
+    while same < min(len(live), len(spare.built)) and spare.built[same].segment is live[same][0] \
+            and spare.built[same].ids == live[same][1]:
+        same += 1
+    if same < len(spare.built):  # the row keeps what still matches
+        keep = spare.built[same].start
+        session._runner.cache.set_length(spare.row(), keep)
+        del spare.ids[keep:], spare.positions_after[keep:], spare.built[same:]
+        spare.role = session._role_after(spare.ids, None)
+    before = spare.tokens
+    for segment, ids in live[same:]:
+        yield from _feed(spare, segment, ids)
+    caught_up = spare.tokens - before
+    _swap(session, spare, segments[: conversation[0][0]])
+    return dropped, caught_up
+
+
+def _swap(session: ThinkerSession, spare: SpareRow, instructions: list[Segment]) -> None:
+    """The session's state follows the spare row; its old row goes back to the cache."""
+    from nodes.qwen3_omni.thinker_engine import _SlotHolder, _release_row
+
+    cache = session._runner.cache
+    reply = session._reply if session._reply is not None and session._reply.rollback is None else None
+    reply_segment = session.history.containing(reply.start - 1) if reply is not None else None
+    reply_offset = reply.start - reply_segment.start if reply is not None and reply_segment is not None else 0
+    with cache.lock:
+        if session._release is not None:
+            session._release()  # the old row, and `_slot` cleared
+        slot = spare.handed_over()
+        session._slot = slot
+        session._release = weakref.finalize(session, _release_row, cache, slot, _SlotHolder(session))
+    for built in spare.built:
+        built.segment.start = built.start
+        built.segment.user_parts = built.user_parts
+    session.history.segments = list(instructions) + [built.segment for built in spare.built]
+    session.context_ids = spare.ids
+    session._positions_after = spare.positions_after
+    session._role = session._role_after(session.context_ids, None)
+    session._seen = None
+    if spare.last_logits is not None:
+        session._last_logits = spare.last_logits
+    tok = session.tokens
+    session.audio_tokens_in_context = sum(1 for i in session.context_ids if i == tok.audio_pad)
+    session.image_tokens_in_context = sum(1 for i in session.context_ids if i in (tok.image_pad, tok.video_pad))
+    session._previous_context = min(session._previous_context, len(spare.instruction_ids))
+    if reply is not None and reply_segment is not None:
+        if any(s is reply_segment for s in session.history.segments):
+            reply.start = reply_segment.start + reply_offset
+        else:
+            session._reply = None  # it left the context: nothing left to truncate
