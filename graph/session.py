@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from graph.background import spawn
 from graph.edges import Inbox, InboxClosed
@@ -186,6 +187,16 @@ class Wiring:
     def reached_from(self, inputs: Collection[str]) -> frozenset[str]:
         """The nodes that messages put into `inputs` can reach: all a session using them needs."""
         return frozenset().union(*(self.reach[name] for name in inputs))
+
+
+def offer(session: Any, input_name: str, message: Message) -> bool:
+    """`send_nowait` for a transport that keeps its own queue behind it: False, nothing sent, when
+    the input is full now, the session has ended or it has no such input. The transport's queued
+    `send` meets the same and deals with it, in order (session_server/realtime: the links)."""
+    try:
+        return session.send_nowait(input_name, message)
+    except (RuntimeError, KeyError):
+        return False
 
 
 class GraphSession:

@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from graph.messages import Interrupt
+from graph.session import offer
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     Action,
@@ -177,7 +178,8 @@ class CallLink:
                 if self.trace is not None:
                     self.trace.audio_out(action.response_id)  # no event carries media audio
             elif isinstance(action, SendToGraph):
-                if not self._inputs and not self._feeding and self._send_now(action):
+                if (not self._inputs and not self._feeding and self.graph is not None
+                        and offer(self.graph, action.input, action.message)):
                     continue
                 if len(self._inputs) >= MAX_PENDING_INPUTS:
                     self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
@@ -193,17 +195,6 @@ class CallLink:
                 self.output.hold(action.held)
             elif isinstance(action, CloseSession):
                 self.close_soon(action.reason)
-
-    def _send_now(self, action: SendToGraph) -> bool:
-        """Straight to the graph when it takes the message without waiting: no hop through the
-        feeder task for each 20 ms packet (as websocket_link.py). Anything else goes the
-        feeder's way, in order."""
-        if self.graph is None:
-            return False
-        try:
-            return self.graph.send_nowait(action.input, action.message)
-        except (RuntimeError, KeyError):
-            return False  # the feeder's send meets the same and deals with it
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event["type"]

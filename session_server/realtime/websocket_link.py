@@ -48,6 +48,7 @@ from graph.messages import Message
 from graph.schema import convert_section
 from session_server.realtime.compat import PRESETS
 from session_server.realtime.dialect import BETA, beta_requested
+from graph.session import offer
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     MAX_APPEND_CHARS,
@@ -162,7 +163,8 @@ class WebSocketLink:
             if isinstance(action, SendEvent):
                 self._queue_event(action.event)
             elif isinstance(action, SendToGraph):
-                if not self.inputs and not self.feeding and self._send_now(action):
+                if (not self.inputs and not self.feeding and self.graph is not None
+                        and offer(self.graph, action.input, action.message)):
                     continue
                 self.inputs.append(action)
                 self.inputs_changed.set()
@@ -172,16 +174,6 @@ class WebSocketLink:
             elif isinstance(action, CloseSession):
                 self.close_code, self.close_reason = action.code, action.reason
                 self.closed.set()
-
-    def _send_now(self, action: SendToGraph) -> bool:
-        """Straight to the graph when it takes the message without waiting: no hop through the
-        feeder task for each audio append. Anything else goes the feeder's way, in order."""
-        if self.graph is None:
-            return False
-        try:
-            return self.graph.send_nowait(action.input, action.message)
-        except (RuntimeError, KeyError):
-            return False  # the feeder's send meets the same and deals with it
 
     def _observe(self, event: dict[str, Any]) -> None:
         kind = event["type"]
