@@ -17,7 +17,6 @@ where the C library is not glibc.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger("graph.native_heap")
@@ -38,13 +37,11 @@ def return_large_buffers(threshold_bytes: int = LARGE_BUFFER_BYTES) -> bool:
 
 
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The C library the process already has (`find_library` would run `ldconfig -p` per start).
+    libc = ctypes.CDLL(None)
     try:
-        libc = ctypes.CDLL(name)
         libc.gnu_get_libc_version  # noqa: B018 - present in glibc only (not musl)
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     libc.mallopt.restype = ctypes.c_int

@@ -3,6 +3,7 @@ of its size come from the heap (which glibc's dynamic threshold does, keeping it
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,11 +28,14 @@ print("mapped" if header & 0x2 else "heap")
 libc.free(second)
 """
 
+REPO = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.skipif(native_heap._glibc() is None, reason="glibc's malloc only (a no-op elsewhere)")
 
 
 def _second_buffer(mode: str) -> str:
-    return subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
+                          cwd=REPO, timeout=60).stdout.strip()
 
 
 def test_by_default_a_freed_large_buffer_sends_the_next_of_its_size_to_the_heap():
