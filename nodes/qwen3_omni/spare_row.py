@@ -63,11 +63,10 @@ class SpareRow:
     docstring). `_slot` is the row while the spare holds it (the batch function's owner check
     reads it); `ready` once every planned item is in it."""
 
-    def __init__(self, session: ThinkerSession, first_kept: Segment, dropped: int,
+    def __init__(self, session: ThinkerSession, first_kept: Segment,
                  planned: list[tuple[Segment, list[int]]], chunk_tokens: int = SPARE_CHUNK_TOKENS):
         self.session = session
         self.first_kept = first_kept  # the oldest item that stays
-        self.dropped = dropped  # items the plan drops (the count at adoption may differ)
         self.planned = planned  # (segment, its ids) of the complete items that stay, at the plan
         self.chunk_tokens = chunk_tokens
         instructions = session.instructions_length
@@ -86,7 +85,6 @@ class SpareRow:
         # Set by the session before it waits for `settled` to adopt: no extension starts after it
         # (checked and `settled` cleared with no await between, so the two never overlap).
         self.adopting = False
-        self.done = asyncio.Event()  # failed, adopted or given back
         self.settled = asyncio.Event()  # no unit of it is queued or running (adoption waits for it)
         self.grown = asyncio.Event()  # the session's history grew: the build follows it
         self._slot: int | None = None
@@ -118,7 +116,6 @@ class SpareRow:
             self._slot = None
             if self._release is not None:
                 self._release()
-        self.done.set()
         self.grown.set()  # the build's loop ends
 
     def handed_over(self) -> int:
@@ -128,8 +125,7 @@ class SpareRow:
             self._release.detach()
         self._slot = self._release = None
         self.closed = True
-        self.done.set()
-        self.grown.set()
+        self.grown.set()  # the build's loop ends
         return slot
 
 
@@ -150,7 +146,7 @@ def plan(session: ThinkerSession, count: int, chunk_tokens: int = SPARE_CHUNK_TO
     last = len(segments) - (1 if session.pending or session.replying else 0)
     planned = [(segments[i], list(session.context_ids[segments[i].start : session.history.end(i, session.context_length)]))
                for i in range(first, last)]
-    return SpareRow(session, segments[first], count, planned, chunk_tokens)
+    return SpareRow(session, segments[first], planned, chunk_tokens)
 
 
 @torch.inference_mode()
@@ -251,10 +247,9 @@ async def build(spare: SpareRow, compute: Any) -> None:
     finally:
         work.close()
         spare.settled.set()
-        spare.done.set()
 
 
-_DONE: Any = type("Done", (), {"__repr__": lambda self: "DONE"})()
+_DONE: Any = object()  # the build generator's end
 
 
 @torch.inference_mode()

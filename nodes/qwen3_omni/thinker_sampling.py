@@ -213,15 +213,14 @@ class ThinkerSampler:
             order.extend(rows)
         return (picked[0] if len(picked) == 1 else torch.cat(picked)), order
 
-    def noise(self, choices: Sequence[Choice | None], rows: int | None = None) -> torch.Tensor | None:
-        """The step's draw noise `q` [rows, V] (rows: len(choices) unless given; the rows past
-        `choices` are padding): Exp(1) on every row that samples, 1.0 elsewhere; the rows without
-        a seed in one call on the device's default generator, in row order, each seeded row from
-        its own generator. None when no row samples (nothing drawn)."""
+    def noise(self, choices: Sequence[Choice | None]) -> torch.Tensor | None:
+        """The step's draw noise `q` [len(choices), V]: Exp(1) on every row that samples, 1.0
+        elsewhere; the rows without a seed in one call on the device's default generator, in row
+        order, each seeded row from its own generator. None when no row samples (nothing drawn)."""
         sampling = [row for row, choice in enumerate(choices) if choice is not None and not choice.sampling.greedy]
         if not sampling:
             return None
-        total = len(choices) if rows is None else rows
+        total = len(choices)
         shared = [row for row in sampling if choices[row].generator is None]
         if len(shared) == total:
             return torch.empty(total, self.vocab_size, device=self.device).exponential_()
