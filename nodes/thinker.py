@@ -558,12 +558,13 @@ class ThinkerNodeSession(NodeSession):
         else:  # the session's first reply (or its first since a resume): no rebuild came before it
             turn_tokens = max(0, usage.input_tokens - max(usage.cached_tokens, self.engine.instructions_length))
         incoming = turn_tokens + self.engine.reply_reserve(message.reply.max_output_tokens if message.reply else None)
+        count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         spare = self.spare
-        if spare is not None and (spare.closed or self.engine.truncation_plan(self.truncation, incoming, keep_last=2) > 0):
+        if spare is not None and (spare.closed or count > 0):
             await self._adopt(message, emit)  # the next turn would need it: now, in the pause
+            count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         elif spare is not None:
             spare.grown.set()  # the build follows the turns until it is needed
-        count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2)
         if count > 0:
             await self._truncate(message, count, emit)
         elif self.spare is None:
