@@ -79,3 +79,14 @@ class Upsample2(CentredFir):
 
     def __init__(self) -> None:
         super().__init__(self.TAPS, up=2, down=1)
+
+
+# The rate pairs the phone path resamples on every call, each with its short-lookahead filter.
+_STREAMING = {(24000, 8000): Downsample3, (8000, 16000): Upsample2}
+
+
+def streaming(from_rate: int, to_rate: int) -> CentredFir | None:
+    """A fresh short-lookahead resampler for this rate pair, or None where there is none (the
+    caller falls back to soxr, which graph does not import)."""
+    kind = _STREAMING.get((from_rate, to_rate))
+    return None if kind is None else kind()

@@ -58,7 +58,7 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
-from graph.fir_resampling import Upsample2
+from graph.fir_resampling import CentredFir, streaming
 from graph.messages import (
     AudioChunk,
     Command,
@@ -172,7 +172,7 @@ class VadSession(NodeSession):
         self.pending_received_at: float | None = None  # when the newest of them reached the server
         self.samples = 0  # 16 kHz samples forwarded so far: the node's clock
         self.origin_ms: float | None = None  # media time of the first input sample
-        self.resampler: Upsample2 | soxr.ResampleStream | None = None
+        self.resampler: CentredFir | soxr.ResampleStream | None = None
         self.resampler_rate = RATE
         self.speaking = False
         self.silence_since: int | None = None  # sample index where the current silence began
@@ -209,8 +209,8 @@ class VadSession(NodeSession):
         samples = np.asarray(chunk.samples, dtype=np.float32).reshape(-1)
         if chunk.sample_rate != RATE:
             if self.resampler is None or self.resampler_rate != chunk.sample_rate:
-                self.resampler = (Upsample2() if chunk.sample_rate * 2 == RATE
-                                  else soxr.ResampleStream(chunk.sample_rate, RATE, 1, dtype="float32", quality="HQ"))
+                self.resampler = (streaming(chunk.sample_rate, RATE)
+                                  or soxr.ResampleStream(chunk.sample_rate, RATE, 1, dtype="float32", quality="HQ"))
                 self.resampler_rate = chunk.sample_rate
             samples = self.resampler.resample_chunk(samples)
         self.pending = np.concatenate([self.pending, samples]) if len(self.pending) else samples

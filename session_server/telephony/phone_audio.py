@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from graph.fir_resampling import Downsample3
+from graph.fir_resampling import CentredFir, streaming
 from session_server.realtime.audio_formats import ALAW_ENCODE, OUTPUT_RATE, PCMU, ULAW_ENCODE, to_int16
 
 PHONE_RATE = 8000
@@ -47,7 +47,7 @@ class PhoneOutput:
     def __init__(self) -> None:
         self._queue: collections.deque[tuple[str, np.ndarray]] = collections.deque()
         self._queued = 0
-        self._resampler: Downsample3 | soxr.ResampleStream | None = None
+        self._resampler: CentredFir | soxr.ResampleStream | None = None
         self._response_id: str | None = None  # the response being resampled
         self._finished: set[str] = set()
         self._dropped: collections.deque[str] = collections.deque(maxlen=64)  # cleared: late audio ignored
@@ -60,8 +60,8 @@ class PhoneOutput:
             return
         if response_id != self._response_id:
             self._response_id = response_id
-            self._resampler = (Downsample3() if sample_rate == 3 * PHONE_RATE
-                               else soxr.ResampleStream(sample_rate, PHONE_RATE, 1, dtype="float32", quality="HQ"))
+            self._resampler = (streaming(sample_rate, PHONE_RATE)
+                               or soxr.ResampleStream(sample_rate, PHONE_RATE, 1, dtype="float32", quality="HQ"))
         assert self._resampler is not None
         resampled = self._resampler.resample_chunk(np.asarray(samples, dtype=np.float32).reshape(-1))
         self._append(response_id, resampled)
