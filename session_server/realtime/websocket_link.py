@@ -46,9 +46,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from graph.messages import Message
 from graph.schema import convert_section
+from graph.session import offer
 from session_server.realtime.compat import PRESETS
 from session_server.realtime.dialect import BETA, beta_requested
-from graph.session import offer
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     MAX_APPEND_CHARS,
