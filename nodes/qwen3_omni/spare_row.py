@@ -99,6 +99,7 @@ class SpareRow:
             raise ThinkerError("session_closed", "the spare row was given back")
         return self._slot
 
+    @torch.inference_mode()  # the cache's buffers may be inference tensors: so is the copy
     def take_row(self) -> None:
         """The spare row, with the session's instructions copied into it (compute side)."""
         cache = self.session._runner.cache
