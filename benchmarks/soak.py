@@ -200,6 +200,10 @@ async def run_sessions(ws_url: str, model_id: str, api_key: str | None, sessions
     return list(results), started, time.perf_counter()
 
 
+# The thinker's truncation counters (nodes/thinker.py) a window reports as its differences.
+TRUNCATION_COUNTERS = ("truncations", "truncation_rebuild_ms", "truncations_ahead", "truncation_waits")
+
+
 def summarize_windows(results: list[SessionResult], samples: list[tuple[float, dict[str, float], dict[str, float]]],
                       started: float, ended: float, window_s: float, minutes: float) -> list[dict[str, Any]]:
     """The report's rows: one per window of `window_s` over the run's `minutes` from `started`
@@ -233,7 +237,7 @@ def summarize_windows(results: list[SessionResult], samples: list[tuple[float, d
         inside = [s for s in samples if s[0] < high + 1e-6]
         before = [s for s in samples if s[0] <= low + 1e-6] or samples[:1]
         last, first = (inside[-1] if inside else samples[-1]), before[-1]
-        counts = {key: int(last[2].get(key, 0) - first[2].get(key, 0)) for key in ("truncations", "truncation_rebuild_ms")}
+        counts = {key: int(last[2].get(key, 0) - first[2].get(key, 0)) for key in TRUNCATION_COUNTERS}
         rows.append({
             "window": number,
             "start_s": round(low - started, 1),
@@ -247,6 +251,8 @@ def summarize_windows(results: list[SessionResult], samples: list[tuple[float, d
             "cached_over_input": round(sum(ratios) / len(ratios), 3) if ratios else None,
             "truncations": counts["truncations"],
             "truncation_rebuild_ms": counts["truncation_rebuild_ms"],
+            "truncations_ahead": counts["truncations_ahead"],
+            "truncation_waits": counts["truncation_waits"],
             "rss_mb": {name: round(value, 1) for name, value in last[1].items()},
         })
     return rows
@@ -275,7 +281,7 @@ def render(soak: dict[str, Any]) -> str:
     """The soak's table, one row per window (what docs/benchmarks.md shows)."""
     names = sorted({name for w in soak["windows"] for name in w["rss_mb"]}, key=lambda n: (n != "server", n))
     head = ["window", "turns", "TTFA p50/p95 ms", "underruns", "errors", "ctx exhausted", "KV tok/session p50/max",
-            "cached/input", "truncations", "rebuild ms", *[f"RSS {n} MB" for n in names]]
+            "cached/input", "truncations (ahead, waited)", "rebuild ms", *[f"RSS {n} MB" for n in names]]
     lines = [f"soak: {soak['sessions']} sessions, {soak['minutes']} min, truncation {json.dumps(soak['truncation'])}, "
              f"{soak['turns']} turns, {soak['errors']} errors, {soak['context_exhausted']} context_exhausted",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -283,7 +289,8 @@ def render(soak: dict[str, Any]) -> str:
         kv = w["kv_tokens_per_session"]
         cells = [f"{w['start_s']:.0f}-{w['end_s']:.0f} s", str(w["turns"]), f"{w['ttfa_ms']['p50']} / {w['ttfa_ms']['p95']}",
                  str(w["underruns"]), str(w["errors"]["count"]), str(w["context_exhausted"]), f"{kv['p50']} / {kv['max']}",
-                 str(w["cached_over_input"]), str(w["truncations"]), str(w["truncation_rebuild_ms"]),
+                 str(w["cached_over_input"]), f"{w['truncations']} ({w['truncations_ahead']}, {w['truncation_waits']})",
+                 str(w["truncation_rebuild_ms"]),
                  *[str(w["rss_mb"].get(n)) for n in names]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
