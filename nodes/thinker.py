@@ -126,7 +126,7 @@ from graph.messages import (
     Usage,
 )
 from graph.background import spawn
-from graph.executor import PRIORITY_REALTIME, current_due, current_phase, current_release
+from graph.executor import PRIORITY_REALTIME, detach_from_playback
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -594,10 +594,7 @@ class ThinkerNodeSession(NodeSession):
         spawn(self._build(spare), name="thinker-spare-row")
 
     async def _build(self, spare: spare_row.SpareRow) -> None:
-        # Idle work has no reply's clocks: not held back by a playback release, not due by one.
-        current_release.set(None)
-        current_due.set(None)
-        current_phase.set(None)
+        detach_from_playback()  # idle work: no reply's clocks
         try:
             await spare_row.build(spare, self.node.context.compute)
         except Exception:  # noqa: BLE001 - the truncation is then made in place, as without a spare
