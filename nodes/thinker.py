@@ -579,15 +579,10 @@ class ThinkerNodeSession(NodeSession):
         holds it. Built, it follows the turns (their items prefilled into it as they come, idle
         too); `_adopt` makes it the context when a truncation is needed: right after a reply, or
         before a turn that needs the room (which waits for the rest of the build)."""
-        if self.node.spare is not None or self.truncation.type == "disabled":
+        if self.node.spare is not None:
             return
-        for ahead in range(1, TRUNCATION_LOOKAHEAD_TURNS + 1):
-            count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2, future=(ahead, turn_tokens))
-            if count > 0:
-                break
-        else:
-            return
-        spare = spare_row.plan(self.engine, count)
+        spare = spare_row.plan_ahead(self.engine, self.truncation, incoming, turn_tokens,
+                                     turns=TRUNCATION_LOOKAHEAD_TURNS, keep_last=2)
         if spare is None:
             return
         self.spare = self.node.spare = spare

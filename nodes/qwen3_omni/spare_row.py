@@ -4,7 +4,7 @@ A truncation keeps the KV up to the instructions and re-prefills every item that
 (thinker_engine.py `drop_oldest_work`): on a full 32k context that is tens of thousands of tokens,
 seconds to tens of seconds on CPU, on the path of the turn that needed the room. Instead, once a
 session's context is a few turns from needing a truncation, the thinker (nodes/thinker.py) plans
-it (`plan`: which oldest items will leave, by the same policy, truncation.py) and builds the
+it (`plan_ahead`: which oldest items will leave, by the same policy, truncation.py) and builds the
 context as it will be in a second KV row of the shared slot cache, the spare: the instructions'
 KV copied from the session's row, then the kept items re-prefilled in small chunks (by the
 rebuild's own `ThinkerSession._refeed`, into the spare), each chunk its own unit at idle priority
@@ -45,6 +45,7 @@ from nodes.qwen3_omni.thinker_history import Segment
 from nodes.qwen3_omni.thinker_requests import Chunk, ThinkerError, Work
 
 if TYPE_CHECKING:
+    from graph.messages import Truncation
     from nodes.qwen3_omni.thinker_engine import ThinkerSession
 
 # A build's prefill goes through the model in chunks this small: a live turn that arrives while
@@ -144,6 +145,21 @@ class SpareRow:
 def _give_back(cache, slot: int) -> None:
     with cache.lock:
         cache.release(slot)
+
+
+def plan_ahead(session: ThinkerSession, mode: Truncation, incoming: int, turn_tokens: int, *, turns: int,
+               keep_last: int) -> SpareRow | None:
+    """A spare for the truncation that the first of the next `turns` turns like the last
+    (`turn_tokens` each, reply included) would make, `incoming` then needed and the last
+    `keep_last` items kept (`ThinkerSession.truncation_plan(future=...)`); None when none of them
+    would need one, or it would keep nothing."""
+    if mode.type == "disabled":
+        return None
+    for ahead in range(1, turns + 1):
+        count = session.truncation_plan(mode, incoming, keep_last=keep_last, future=(ahead, turn_tokens))
+        if count > 0:
+            return plan(session, count)
+    return None
 
 
 def plan(session: ThinkerSession, count: int, chunk_tokens: int = SPARE_CHUNK_TOKENS) -> SpareRow | None:
