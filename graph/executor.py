@@ -113,6 +113,23 @@ def continuation_due() -> float:
     return max(submission_due(), time.monotonic())
 
 
+def detach_from_playback(*, keep_phase: bool = False) -> None:
+    """From here on, compute the current task submits follows no reply's playback: due when
+    submitted and never held back (`current_due`, `current_release` cleared), and counted as no
+    reply's phase (`current_phase` cleared) unless `keep_phase`.
+
+    For work a node starts in a task of its own that no listener waits on (a truncation built
+    ahead, a transcript pass). Such a task inherits its node's clocks (graph/session.py), and
+    under them its work would be dated by a reply it does not serve: due since that reply was
+    asked for, it would go before other turns' first audio; held back until the reply's playback
+    nears, it would wait on a listener it has nothing for. Call it first thing in the task: a task
+    runs in a copy of the context it was started from, so the node's own clocks stay as they are."""
+    current_due.set(None)
+    current_release.set(None)
+    if not keep_phase:
+        current_phase.set(None)
+
+
 class ComputePool:
     """`threads` worker threads taking the pool's most urgent work first (then in arrival order)."""
 

@@ -126,7 +126,7 @@ from graph.messages import (
     Usage,
 )
 from graph.background import spawn
-from graph.executor import PRIORITY_REALTIME, current_due, current_phase, current_release
+from graph.executor import PRIORITY_REALTIME, detach_from_playback
 from graph.limits import SessionLimits
 from graph.node import Emit, Node, NodeSession, SessionInfo
 from graph.registry import register_node
@@ -579,25 +579,17 @@ class ThinkerNodeSession(NodeSession):
         holds it. Built, it follows the turns (their items prefilled into it as they come, idle
         too); `_adopt` makes it the context when a truncation is needed: right after a reply, or
         before a turn that needs the room (which waits for the rest of the build)."""
-        if self.node.spare is not None or self.truncation.type == "disabled":
+        if self.node.spare is not None:
             return
-        for ahead in range(1, TRUNCATION_LOOKAHEAD_TURNS + 1):
-            count = self.engine.truncation_plan(self.truncation, incoming, keep_last=2, future=(ahead, turn_tokens))
-            if count > 0:
-                break
-        else:
-            return
-        spare = spare_row.plan(self.engine, count)
+        spare = spare_row.plan_ahead(self.engine, self.truncation, incoming, turn_tokens,
+                                     turns=TRUNCATION_LOOKAHEAD_TURNS, keep_last=2)
         if spare is None:
             return
         self.spare = self.node.spare = spare
         spawn(self._build(spare), name="thinker-spare-row")
 
     async def _build(self, spare: spare_row.SpareRow) -> None:
-        # Idle work has no reply's clocks: not held back by a playback release, not due by one.
-        current_release.set(None)
-        current_due.set(None)
-        current_phase.set(None)
+        detach_from_playback()  # idle work: no reply's clocks
         try:
             await spare_row.build(spare, self.node.context.compute)
         except Exception:  # noqa: BLE001 - the truncation is then made in place, as without a spare

@@ -4,24 +4,26 @@ A truncation keeps the KV up to the instructions and re-prefills every item that
 (thinker_engine.py `drop_oldest_work`): on a full 32k context that is tens of thousands of tokens,
 seconds to tens of seconds on CPU, on the path of the turn that needed the room. Instead, once a
 session's context is a few turns from needing a truncation, the thinker (nodes/thinker.py) plans
-it (`plan`: which oldest items will leave, by the same policy, truncation.py) and builds the
+it (`plan_ahead`: which oldest items will leave, by the same policy, truncation.py) and builds the
 context as it will be in a second KV row of the shared slot cache, the spare: the instructions'
-KV copied from the session's row, then the kept items re-prefilled in small chunks, each chunk its
-own unit at idle priority (`build`), so that any live work goes first. Turns go on meanwhile in
-the session's own row, and once the planned items are in, the build follows them: after each
-reply the items completed since (`since_built`) go into the spare too, at the same priority.
+KV copied from the session's row, then the kept items re-prefilled in small chunks (by the
+rebuild's own `ThinkerSession._refeed`, into the spare), each chunk its own unit at idle priority
+(`build`), so that any live work goes first. Turns go on meanwhile in the session's own row, and
+once the planned items are in, the build follows them: after each reply the items completed
+since (`since_built`) go into the spare too, at the same priority.
 
 When the truncation is needed (where it would be made in place: right after a reply, or before
 a turn that needs the room, which then waits for the rest of the build), `adopt_work` makes the
-spare the session's row, between turns (never during a reply): the items the spare holds are compared with the session's history, segment by segment
-(the same segment, the same token ids), and what differs or came since the plan (the last
-reply, its closing, the turns since) is prefilled into the spare at the caller's priority, the
-short catch-up; then the rows swap and the old one is given back. The result is by construction
-what `drop_oldest_work` makes (the instructions, then every item from the first kept one on,
-each re-prefilled as a fresh session would: tests/model/test_spare_row.py), so usage and
-`cached_tokens` are what they are after any truncation. A plan the history has overtaken (its
-first kept item deleted, the instructions changed) is not adopted; the spare is given back and
-the truncation is made in place as before.
+spare the session's row, between turns (never during a reply): the items the spare holds are
+compared with the session's history, segment by segment (the same segment, the same token ids),
+and what differs or came since the plan (the last reply, its closing, the turns since) is
+prefilled into the spare at the caller's priority, the short catch-up; then the rows swap and
+the old one is given back (`ThinkerSession.adopt_row`, which ends as a rebuild in place does).
+The result is by construction what `drop_oldest_work` makes (the instructions, then every item
+from the first kept one on, each re-prefilled as a fresh session would:
+tests/model/test_spare_row.py), so usage and `cached_tokens` are what they are after any
+truncation. A plan the history has overtaken (its first kept item deleted, the instructions
+changed) is not adopted; the spare is given back and the truncation is made in place as before.
 
 One spare row per engine (the thinker node's), used by one session's build at a time; with
 `kv_cache: preallocate` it is a row allocated at start beside the sessions' rows (admission
@@ -43,6 +45,7 @@ from nodes.qwen3_omni.thinker_history import Segment
 from nodes.qwen3_omni.thinker_requests import Chunk, ThinkerError, Work
 
 if TYPE_CHECKING:
+    from graph.messages import Truncation
     from nodes.qwen3_omni.thinker_engine import ThinkerSession
 
 # A build's prefill goes through the model in chunks this small: a live turn that arrives while
@@ -110,6 +113,15 @@ class SpareRow:
             self._release = weakref.finalize(self, _give_back, cache, self._slot)
             cache.copy_prefix(self.session._row(), self._slot, len(self.instruction_ids))
 
+    def append(self, ids: list[int], positions_after: list[int], logits: torch.Tensor) -> None:
+        """`ids` were prefilled at the end of the row (`ThinkerSession._refeed(..., into=self)`),
+        `positions_after` the next rotary position after each."""
+        self.ids.extend(ids)
+        self.positions_after.extend(positions_after)
+        self.role = self.session._role_after(ids, self.role)
+        self.last_logits = logits
+        self.tokens += len(ids)
+
     def give_back(self) -> None:
         """The row goes back to the cache (a plan not adopted, a session closed); idempotent."""
         self.closed = True
@@ -133,6 +145,21 @@ class SpareRow:
 def _give_back(cache, slot: int) -> None:
     with cache.lock:
         cache.release(slot)
+
+
+def plan_ahead(session: ThinkerSession, mode: Truncation, incoming: int, turn_tokens: int, *, turns: int,
+               keep_last: int) -> SpareRow | None:
+    """A spare for the truncation that the first of the next `turns` turns like the last
+    (`turn_tokens` each, reply included) would make, `incoming` then needed and the last
+    `keep_last` items kept (`ThinkerSession.truncation_plan(future=...)`); None when none of them
+    would need one, or it would keep nothing."""
+    if mode.type == "disabled":
+        return None
+    for ahead in range(1, turns + 1):
+        count = session.truncation_plan(mode, incoming, keep_last=keep_last, future=(ahead, turn_tokens))
+        if count > 0:
+            return plan(session, count)
+    return None
 
 
 def plan(session: ThinkerSession, count: int, chunk_tokens: int = SPARE_CHUNK_TOKENS) -> SpareRow | None:
@@ -176,26 +203,11 @@ def since_built(spare: SpareRow) -> list[tuple[Segment, list[int]]]:
 
 
 def _feed(spare: SpareRow, segment: Segment, ids: list[int]) -> Work:
-    session = spare.session
-    if not ids:  # an empty segment (a reply not begun): nothing to prefill
-        spare.built.append(_Built(segment, [], len(spare.ids)))
-        return
-    embeds, deepstack, visual_mask = session._embed(ids, segment.media)
-    positions = session._positions(ids, segment.media, after=spare.next_position)
-    user_mask, mm_mask = session._user_and_multimodal_masks(ids, role=spare.role)
-    want_hidden = session.accept_layer is not None and bool(mm_mask.any())
-    logits, hidden = yield from session._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden,
-                                                        spare=spare)
-    built = _Built(segment, list(ids), len(spare.ids))
-    if session.omni.talker is not None:
-        built.user_parts = session._talker_user_parts(ids, user_mask, mm_mask, hidden)
-    ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
-    spare.ids.extend(ids)
-    spare.positions_after.extend(int(p) for p in ends.tolist())
-    spare.role = session._role_after(ids, spare.role)
-    spare.built.append(built)
-    spare.last_logits = logits
-    spare.tokens += len(ids)
+    """One item into the spare row, as a rebuild in place re-prefills it (`ThinkerSession._refeed`)."""
+    start = len(spare.ids)
+    # An empty segment (a reply not begun): nothing to prefill.
+    user_parts = (yield from spare.session._refeed(ids, segment.media, into=spare)) if ids else []
+    spare.built.append(_Built(segment, list(ids), start, user_parts))
 
 
 async def build(spare: SpareRow, compute: Any) -> None:
@@ -284,40 +296,6 @@ def adopt_work(spare: SpareRow) -> Work:
     for segment, ids in live[same:]:
         yield from _feed(spare, segment, ids)
     caught_up = spare.tokens - before
-    _swap(session, spare, segments[: conversation[0][0]])
+    session.adopt_row(spare, segments[: conversation[0][0]])
     return dropped, caught_up
 
-
-def _swap(session: ThinkerSession, spare: SpareRow, instructions: list[Segment]) -> None:
-    """The session's state follows the spare row; its old row goes back to the cache."""
-    from nodes.qwen3_omni.thinker_engine import _SlotHolder, _release_row
-
-    cache = session._runner.cache
-    reply = session._reply if session._reply is not None and session._reply.rollback is None else None
-    reply_segment = session.history.containing(reply.start - 1) if reply is not None else None
-    reply_offset = reply.start - reply_segment.start if reply is not None and reply_segment is not None else 0
-    with cache.lock:
-        if session._release is not None:
-            session._release()  # the old row, and `_slot` cleared
-        slot = spare.handed_over()
-        session._slot = slot
-        session._release = weakref.finalize(session, _release_row, cache, slot, _SlotHolder(session))
-    for built in spare.built:
-        built.segment.start = built.start
-        built.segment.user_parts = built.user_parts
-    session.history.segments = list(instructions) + [built.segment for built in spare.built]
-    session.context_ids = spare.ids
-    session._positions_after = spare.positions_after
-    session._role = session._role_after(session.context_ids, None)
-    session._seen = None
-    if spare.last_logits is not None:
-        session._last_logits = spare.last_logits
-    tok = session.tokens
-    session.audio_tokens_in_context = sum(1 for i in session.context_ids if i == tok.audio_pad)
-    session.image_tokens_in_context = sum(1 for i in session.context_ids if i in (tok.image_pad, tok.video_pad))
-    session._previous_context = min(session._previous_context, len(spare.instruction_ids))
-    if reply is not None and reply_segment is not None:
-        if any(s is reply_segment for s in session.history.segments):
-            reply.start = reply_segment.start + reply_offset
-        else:
-            session._reply = None  # it left the context: nothing left to truncate

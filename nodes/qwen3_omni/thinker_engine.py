@@ -35,7 +35,7 @@ Invariants (what makes a second turn cost only its new tokens):
   conversation items leave the context together, the KV is kept up to the instructions and what
   stays is re-prefilled once; their segments (and encoder outputs) go with them, so what a
   session keeps for rebuilds is bounded by its context, not by its length. The same result can
-  be built ahead in a spare row and adopted between turns (spare_row.py).
+  be built ahead in a spare row and adopted between turns (spare_row.py, `adopt_row`).
 - Rotary positions are computed here per turn (`get_rope_index` on the new tokens, shifted to
   follow the context) and passed explicitly, so `thinker.model.rope_deltas` — model-level state
   shared by all sessions — is never read or written: interleaved sessions cannot disturb each other.
@@ -69,9 +69,8 @@ from nodes.qwen3_omni.truncation import Item, items_to_drop
 
 if TYPE_CHECKING:
     from graph.messages import Truncation
-
-if TYPE_CHECKING:
     from nodes.qwen3_omni.model import OmniModel
+    from nodes.qwen3_omni.spare_row import SpareRow
 
 # A reply must leave room for its closing `<|im_end|>\n`.
 _CLOSING_RESERVE = 2
@@ -587,9 +586,7 @@ class ThinkerSession:
                 for i, s in enumerate(segments) if i >= index + remove]
         if remove and index + remove == len(segments):
             self.pending = []  # the closing of the removed last turn's reply
-        reply = self._reply if self._reply is not None and self._reply.rollback is None else None
-        reply_segment = self.history.containing(reply.start - 1) if reply is not None else None
-        reply_offset = reply.start - reply_segment.start if reply is not None and reply_segment is not None else 0
+        reply_place = self._reply_place()
         self.history.segments = segments[:index]
         self._crop_to(keep)
         for position, (segment, ids) in enumerate(insert + tail):
@@ -600,29 +597,71 @@ class ThinkerSession:
                 yield from self._refeed(ids[skip:], {})
             else:
                 segment.user_parts = yield from self._refeed(ids, segment.media)
-        tok = self.tokens
-        self.audio_tokens_in_context = sum(1 for i in self.context_ids if i == tok.audio_pad)
-        self.image_tokens_in_context = sum(1 for i in self.context_ids if i in (tok.image_pad, tok.video_pad))
-        self._previous_context = min(self._previous_context, keep)
-        if reply is not None and reply_segment is not None:
-            if any(s is reply_segment for s in self.history.segments):
-                reply.start = reply_segment.start + reply_offset
-            else:
-                self._reply = None  # deleted: nothing left to truncate
+        self._context_rebuilt(keep, reply_place)
         return keep
 
-    def _refeed(self, ids: list[int], media: dict[str, Any]) -> Work:
-        """One segment's tokens through the model at the end of the context -> its talker user parts."""
+    def _refeed(self, ids: list[int], media: dict[str, Any], into: SpareRow | None = None) -> Work:
+        """One segment's tokens through the model at the end of the context, or at the end of the
+        spare row `into` (spare_row.py: the same tokens at the same positions as a rebuild in place
+        would give them, in the spare's own chunks) -> its talker user parts."""
         embeds, deepstack, visual_mask = self._embed(ids, media)
-        positions = self._positions(ids, media)
-        user_mask, mm_mask = self._user_and_multimodal_masks(ids)
+        positions = self._positions(ids, media, after=None if into is None else into.next_position)
+        user_mask, mm_mask = self._user_and_multimodal_masks(ids, role=self._role if into is None else into.role)
         want_hidden = self.accept_layer is not None and bool(mm_mask.any())
-        logits, hidden = yield from self._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden)
-        self._append(ids, positions)
-        self._last_logits = logits
+        logits, hidden = yield from self._prefill_chunks(embeds, positions, deepstack, visual_mask, want_hidden,
+                                                         into=into)
+        if into is None:
+            self._append(ids, positions)
+            self._last_logits = logits
+        else:
+            into.append(ids, _positions_after_each(positions), logits)
         if self.omni.talker is None:
             return []
         return self._talker_user_parts(ids, user_mask, mm_mask, hidden)
+
+    def _reply_place(self) -> tuple[_Reply, Segment, int] | None:
+        """The last reply that stays in the history, the segment it starts in and its offset there,
+        taken before a rebuild moves that segment (`_context_rebuilt` moves the reply with it)."""
+        reply = self._reply if self._reply is not None and self._reply.rollback is None else None
+        segment = self.history.containing(reply.start - 1) if reply is not None else None
+        if reply is None or segment is None:
+            return None
+        return reply, segment, reply.start - segment.start
+
+    def _context_rebuilt(self, kept: int, reply_place: tuple[_Reply, Segment, int] | None) -> None:
+        """What follows the context once it was rebuilt from its first `kept` tokens on, in place
+        (`_rebuild_work`) or in a spare row (`adopt_row`): the media counts, the next reply's
+        `cached_tokens` (never more than was kept), and the last reply's start (`reply_place`),
+        which moves with its segment; a reply whose segment left has nothing left to truncate."""
+        self._count_media()
+        self._previous_context = min(self._previous_context, kept)
+        if reply_place is not None:
+            reply, segment, offset = reply_place
+            if any(s is segment for s in self.history.segments):
+                reply.start = segment.start + offset
+            else:
+                self._reply = None
+
+    def adopt_row(self, spare: SpareRow, instructions: list[Segment]) -> None:
+        """The spare row, built and caught up (spare_row.py `adopt_work`), becomes this session's
+        row and its context: the `instructions` segments, then the items built into it, at their
+        places there; the old row goes back to the cache. Then as after a rebuild in place."""
+        reply_place = self._reply_place()
+        with self._runner.cache.lock:
+            if self._release is not None:
+                self._release()  # the old row, and `_slot` cleared
+            self._own_row(spare.handed_over())
+        for built in spare.built:
+            built.segment.start = built.start
+            built.segment.user_parts = built.user_parts
+        self.history.segments = list(instructions) + [built.segment for built in spare.built]
+        self.context_ids = spare.ids
+        self._positions_after = spare.positions_after
+        self._role = self._role_after(self.context_ids, None)
+        self._seen = None
+        if spare.last_logits is not None:
+            self._last_logits = spare.last_logits
+        self._context_rebuilt(len(spare.instruction_ids), reply_place)
 
     # ------------------------------------------------------------------ internals
 
@@ -739,12 +778,13 @@ class ThinkerSession:
             )
         return positions.long() + (self.next_position if after is None else after)
 
-    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden, spare=None) -> Work:
+    def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden,
+                        into: SpareRow | None = None) -> Work:
         """The new tokens through the model in chunks of `prefill_chunk_tokens` (one forward request
         each) -> logits at the last token, accept-layer hidden states of all of them (or None).
-        `spare` (spare_row.py): into that row instead, in its own (smaller) chunks."""
+        `into` (spare_row.py): into that row instead, in its own (smaller) chunks."""
         length = embeds.shape[1]
-        step = self.prefill_chunk_tokens if spare is None else spare.chunk_tokens
+        step = self.prefill_chunk_tokens if into is None else into.chunk_tokens
         hiddens = []
         visual_before = 0  # visual positions in earlier chunks (deepstack rows are per visual position)
         for start in range(0, length, step):
@@ -759,9 +799,9 @@ class ThinkerSession:
                     chunk_mask = None
                 visual_before += count
             logits, hidden = yield Chunk(
-                self._row() if spare is None else spare.row(), embeds[:, start:end], positions[..., start:end],
+                self._row() if into is None else into.row(), embeds[:, start:end], positions[..., start:end],
                 chunk_deepstack, chunk_mask, self.accept_layer if want_hidden else None,
-                owner=self if spare is None else spare,
+                owner=self if into is None else into,
             )
             self.tokens_forwarded += end - start
             hiddens.append(hidden)
@@ -772,11 +812,14 @@ class ThinkerSession:
         if self._closed:
             raise ThinkerError("session_closed", "the session is closed")
         if self._slot is None:
-            cache = self._runner.cache
-            self._slot = cache.acquire()
-            # Given back by close(), or when the session is garbage (whichever comes first, once).
-            self._release = weakref.finalize(self, _release_row, cache, self._slot, _SlotHolder(self))
+            self._own_row(self._runner.cache.acquire())
         return self._slot
+
+    def _own_row(self, slot: int) -> None:
+        """`slot` is this session's row from now on: given back by close(), or when the session is
+        garbage (whichever comes first, once)."""
+        self._slot = slot
+        self._release = weakref.finalize(self, _release_row, self._runner.cache, slot, _SlotHolder(self))
 
     def _sync_row(self) -> None:
         """A call abandoned half-way (a cancelled caller) may have left extra tokens in the row."""
@@ -784,9 +827,8 @@ class ThinkerSession:
             self._runner.cache.set_length(self._slot, len(self.context_ids))
 
     def _append(self, ids: list[int], positions: torch.Tensor) -> None:
-        ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
         self.context_ids.extend(ids)
-        self._positions_after.extend(int(p) for p in ends.tolist())
+        self._positions_after.extend(_positions_after_each(positions))
         self._role = self._role_after(ids, self._role)
         self._seen = None
 
@@ -799,6 +841,13 @@ class ThinkerSession:
             del self._positions_after[length:]
         self.history.forget_from(length)
         self._role = self._role_after(self.context_ids, None)
+
+    def _count_media(self) -> None:
+        """The audio and image/video positions in the context, counted again after it changed
+        other than by an append."""
+        tok = self.tokens
+        self.audio_tokens_in_context = sum(1 for i in self.context_ids if i == tok.audio_pad)
+        self.image_tokens_in_context = sum(1 for i in self.context_ids if i in (tok.image_pad, tok.video_pad))
 
     def _role_after(self, ids: list[int], role: int | None) -> int | None:
         for i, token in enumerate(ids):
@@ -869,9 +918,7 @@ class ThinkerSession:
             return
         self._sync_row()
         self._crop_to(min(checkpoint.length, len(self.context_ids)))
-        tok = self.tokens
-        self.audio_tokens_in_context = sum(1 for i in self.context_ids if i == tok.audio_pad)
-        self.image_tokens_in_context = sum(1 for i in self.context_ids if i in (tok.image_pad, tok.video_pad))
+        self._count_media()
         self.pending = list(checkpoint.pending)
         self.turns = checkpoint.turns
         self._reply, self._last_logits = checkpoint.reply, checkpoint.last_logits
@@ -895,6 +942,13 @@ class Checkpoint:
     sampling: Sampling
     generator: torch.Generator | None
     unfed_system: list[int]  # a system prompt noted before the first turn, not fed yet
+
+
+def _positions_after_each(positions: torch.Tensor) -> list[int]:
+    """The next rotary position after each of these tokens ([3, 1, L] positions): one past the
+    largest position so far, on any of the three axes."""
+    ends = positions.max(dim=0).values[0].cummax(dim=0).values + 1
+    return [int(p) for p in ends.tolist()]
 
 
 class _SlotHolder:

@@ -27,13 +27,12 @@ transcription session does not fill the context; the next message waits for such
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from graph.executor import current_due, current_release
+from graph.executor import detach_from_playback
 from graph.messages import (
     Embeddings,
     Message,
@@ -169,13 +168,12 @@ class Transcriber:
         if self._task is not None or not self.jobs or self._thinker_busy or self._reply_coming:
             return
         self._yield = False
-        # Due when submitted, never held back: not the reply side's playback clock (module docstring).
-        context = contextvars.copy_context()
-        context.run(current_due.set, None)
-        context.run(current_release.set, None)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="transcription", context=context)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="transcription")
 
     async def _run(self) -> None:
+        # Due when submitted, never held back: not the reply side's playback clock (module
+        # docstring). Its phase stays the session's, as the batchers and the load have read it.
+        detach_from_playback(keep_phase=True)
         try:
             while self.jobs and not self._yield:
                 if await self._pass(self.jobs[0]):

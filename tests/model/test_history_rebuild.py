@@ -43,6 +43,31 @@ def new_session(omni) -> ThinkerSession:
     return ThinkerSession(omni, max_reply_tokens=6)
 
 
+def conversation(omni, session: ThinkerSession) -> tuple[list[int], list[int]]:
+    """Two turns and their replies (u1, r1, u2, r2) after a terse system prompt -> the replies."""
+    session.set_system_prompt(system(omni, "You are terse."))
+    session.prefill(user(omni, "Hello there."), key="u1")
+    r1 = answer(session, omni, "r1")
+    session.prefill(user(omni, "What is two and two?"), key="u2")
+    r2 = answer(session, omni, "r2")
+    return r1, r2
+
+
+def fed(omni, *items: dict | list[int], instructions: str | None = "You are terse.") -> ThinkerSession:
+    """A fresh session told `instructions` (None: no system prompt) and fed `items` in order, each
+    a user turn (`user`) or a reply's token ids (fed as the assistant's message): the session a
+    rebuilt one must equal."""
+    session = new_session(omni)
+    if instructions is not None:
+        session.set_system_prompt(system(omni, instructions))
+    for item in items:
+        if isinstance(item, dict):
+            session.prefill(item)
+        else:
+            session.prefill(assistant_message(omni, item), reply=False)
+    return session
+
+
 def assert_same_history(rebuilt: ThinkerSession, fresh: ThinkerSession) -> None:
     assert rebuilt.context_ids == fresh.context_ids
     assert rebuilt.cache.get_seq_length() == rebuilt.context_length
@@ -59,11 +84,8 @@ def test_new_instructions_replace_the_system_prompt_and_the_next_reply_equals_a_
     rebuilt.prefill(user(omni, "And then?"), key="u2")
     second = answer(rebuilt, omni, "r2")
 
-    fresh = new_session(omni)
-    fresh.set_system_prompt(system(omni, "You speak like a pirate."))
-    fresh.prefill(user(omni, "Hello there."))
-    fresh.prefill(assistant_message(omni, first), reply=False)
-    fresh.prefill(user(omni, "And then?"))
+    fresh = fed(omni, user(omni, "Hello there."), first, user(omni, "And then?"),
+                instructions="You speak like a pirate.")
     assert answer(fresh, omni, "r2") == second
     assert_same_history(rebuilt, fresh)
     # Only the system prompt's opening tokens that both prompts share were reused.
@@ -75,11 +97,7 @@ def test_new_instructions_replace_the_system_prompt_and_the_next_reply_equals_a_
 @pytest.mark.parametrize("deleted", ["u2", "r1"])
 def test_deleting_an_item_rebuilds_from_it_and_the_next_reply_equals_a_fresh_sessions(omni, deleted):
     rebuilt = new_session(omni)
-    rebuilt.set_system_prompt(system(omni, "You are terse."))
-    rebuilt.prefill(user(omni, "Hello there."), key="u1")
-    r1 = answer(rebuilt, omni, "r1")
-    rebuilt.prefill(user(omni, "What is two and two?"), key="u2")
-    r2 = answer(rebuilt, omni, "r2")
+    r1, r2 = conversation(omni, rebuilt)
     kept = rebuilt.history.segments[rebuilt.history.index_of(deleted)].start
     assert rebuilt.delete(deleted) is True
     assert rebuilt.delete("nobody") is False
@@ -87,15 +105,9 @@ def test_deleting_an_item_rebuilds_from_it_and_the_next_reply_equals_a_fresh_ses
     r3 = answer(rebuilt, omni, "r3")
     assert rebuilt.reply_usage().cached_tokens == kept
 
-    fresh = new_session(omni)
-    fresh.set_system_prompt(system(omni, "You are terse."))
-    fresh.prefill(user(omni, "Hello there."))
-    if deleted != "r1":
-        fresh.prefill(assistant_message(omni, r1), reply=False)
-    if deleted != "u2":
-        fresh.prefill(user(omni, "What is two and two?"))
-    fresh.prefill(assistant_message(omni, r2), reply=False)
-    fresh.prefill(user(omni, "Thanks."))
+    items = {"u1": user(omni, "Hello there."), "r1": r1, "u2": user(omni, "What is two and two?"), "r2": r2}
+    del items[deleted]
+    fresh = fed(omni, *items.values(), user(omni, "Thanks."))
     assert answer(fresh, omni, "r3") == r3
     assert_same_history(rebuilt, fresh)
 
@@ -131,9 +143,7 @@ def test_deleting_the_last_reply_drops_its_pending_closing(omni):
     assert rebuilt.pending == []
     rebuilt.prefill(user(omni, "Again."), key="u2")
 
-    fresh = new_session(omni)
-    fresh.prefill(user(omni, "Hello there."))
-    fresh.prefill(user(omni, "Again."))
+    fresh = fed(omni, user(omni, "Hello there."), user(omni, "Again."), instructions=None)
     assert answer(rebuilt, omni, "r2") == answer(fresh, omni, "r2")
     assert_same_history(rebuilt, fresh)
 

@@ -8,7 +8,7 @@ import torch
 
 from nodes.qwen3_omni import spare_row
 from nodes.qwen3_omni.thinker_engine import ThinkerSession
-from tests.model.test_history_rebuild import answer, assert_same_history, assistant_message, speech, system, user
+from tests.model.test_history_rebuild import answer, assert_same_history, fed, speech, system, user
 
 
 def started(omni) -> tuple[ThinkerSession, list[list[int]]]:
@@ -47,13 +47,8 @@ def test_a_spare_built_ahead_then_caught_up_equals_a_fresh_session_fed_the_kept_
     r4 = answer(session, omni, "r4")
     usage = session.reply_usage()
 
-    fresh = ThinkerSession(omni, max_reply_tokens=6)
-    fresh.set_system_prompt(system(omni, "You are terse."))
-    fresh.prefill(user(omni, audio=speech(1.0, seed=3)))
-    fresh.prefill(assistant_message(omni, r2), reply=False)
-    fresh.prefill(user(omni, "What is two and two?"))
-    fresh.prefill(assistant_message(omni, r3), reply=False)
-    fresh.prefill(user(omni, "Thanks."))
+    fresh = fed(omni, user(omni, audio=speech(1.0, seed=3)), r2, user(omni, "What is two and two?"), r3,
+                user(omni, "Thanks."))
     assert answer(fresh, omni, "r4") == r4
     assert_same_history(session, fresh)
     assert usage.input_tokens == fresh.reply_usage().input_tokens
@@ -95,9 +90,5 @@ def test_an_item_deleted_after_the_plan_is_left_out_of_the_spare_it_was_built_in
     session.delete("u3")
     dropped, caught_up = session._runner.run_alone(spare_row.adopt_work(spare))
     assert dropped == 2 and caught_up == 0  # the spare was cut back to what still matches
-    fresh = ThinkerSession(omni, max_reply_tokens=6)
-    fresh.set_system_prompt(system(omni, "You are terse."))
-    fresh.prefill(user(omni, audio=speech(1.0, seed=3)))
-    fresh.prefill(assistant_message(omni, r2), reply=False)
-    assert_same_history(session, fresh)
+    assert_same_history(session, fed(omni, user(omni, audio=speech(1.0, seed=3)), r2))
     session.close()

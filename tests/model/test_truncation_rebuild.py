@@ -8,18 +8,9 @@ import torch
 
 from graph.messages import Truncation
 from nodes.qwen3_omni.thinker_engine import ThinkerSession
-from tests.model.test_history_rebuild import answer, assert_same_history, assistant_message, system, user
+from tests.model.test_history_rebuild import answer, assert_same_history, conversation, fed, system, user
 
 AUTO = Truncation(type="auto")
-
-
-def conversation(omni, session: ThinkerSession) -> tuple[list[int], list[int]]:
-    session.set_system_prompt(system(omni, "You are terse."))
-    session.prefill(user(omni, "Hello there."), key="u1")
-    r1 = answer(session, omni, "r1")
-    session.prefill(user(omni, "What is two and two?"), key="u2")
-    r2 = answer(session, omni, "r2")
-    return r1, r2
 
 
 def test_the_oldest_items_leave_and_the_next_reply_equals_a_fresh_sessions(omni):
@@ -42,12 +33,7 @@ def test_the_oldest_items_leave_and_the_next_reply_equals_a_fresh_sessions(omni)
     r3 = answer(rebuilt, omni, "r3")
     usage = rebuilt.reply_usage()
 
-    fresh = ThinkerSession(omni, max_reply_tokens=6)
-    fresh.set_system_prompt(system(omni, "You are terse."))
-    fresh.prefill(assistant_message(omni, r1), reply=False)
-    fresh.prefill(user(omni, "What is two and two?"))
-    fresh.prefill(assistant_message(omni, r2), reply=False)
-    fresh.prefill(user(omni, "Thanks, and what about three?"))
+    fresh = fed(omni, r1, user(omni, "What is two and two?"), r2, user(omni, "Thanks, and what about three?"))
     assert answer(fresh, omni, "r3") == r3
     assert_same_history(rebuilt, fresh)
     # Honest usage: the same input as the fresh session's; only the instructions came from the cache.
