@@ -343,7 +343,7 @@ def _summary(results: list[dict[str, Any]], calls: int) -> dict[str, Any]:
 
 
 async def _callers(args: argparse.Namespace) -> dict[str, Any]:
-    from session_server.telephony.phone_audio import g711
+    from session_server.realtime.audio_formats import g711
 
     speech = g711(np.load(args.speech), "audio/pcmu")
     silence = g711(np.zeros(160, np.float32), "audio/pcmu")

@@ -15,6 +15,7 @@ Failure isolation: an exception in one node ends this session only, with `error`
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import math
@@ -192,11 +193,63 @@ class Wiring:
 def offer(session: Any, input_name: str, message: Message) -> bool:
     """`send_nowait` for a transport that keeps its own queue behind it: False, nothing sent, when
     the input is full now, the session has ended or it has no such input. The transport's queued
-    `send` meets the same and deals with it, in order (session_server/realtime: the links)."""
+    `send` meets the same and deals with it, in order (`GraphInputs`)."""
     try:
         return session.send_nowait(input_name, message)
     except (RuntimeError, KeyError):
         return False
+
+
+class GraphInputs:
+    """A transport's way into its graph session, the same for every link (session_server/realtime:
+    the WebSocket's, a call's): an input goes straight in (`offer`) while the graph has room and
+    nothing waits ahead of it, else it is queued, and `feed` sends the queue in order, waiting for
+    room. So the transport never awaits the graph where it reads its wire, and the order holds.
+
+    `limit` (None: no bound): past it `put` refuses (nothing queued) and the transport decides
+    what that means (a call ends); a transport that can stop reading its wire bounds the queue
+    itself instead, waiting on `changed` while it is too long (the WebSocket's backpressure).
+    """
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self._queue: collections.deque[tuple[str, Message]] = collections.deque()
+        self._changed = asyncio.Event()
+        self._feeding = False  # `feed` holds an input that waits for room: later ones queue behind it
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, session: Any, input_name: str, message: Message) -> bool:
+        """Send now or queue; False when `limit` inputs wait already (nothing queued)."""
+        if not self._queue and not self._feeding and session is not None and offer(session, input_name, message):
+            return True
+        if self.limit is not None and len(self._queue) >= self.limit:
+            return False
+        self._queue.append((input_name, message))
+        self._changed.set()
+        return True
+
+    async def changed(self) -> None:
+        """Wait for an input to be queued or taken off the queue."""
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def feed(self, session: Any) -> None:
+        """Send the queued inputs in order, each when its input has room; returns when the
+        session has ended (its outputs say why)."""
+        while True:
+            while not self._queue:
+                await self.changed()
+            input_name, message = self._queue.popleft()
+            self._changed.set()
+            self._feeding = True
+            try:
+                await session.send(input_name, message)
+            except RuntimeError:
+                return
+            finally:
+                self._feeding = False
 
 
 class GraphSession:

@@ -9,8 +9,11 @@ Formats (GA names; beta aliases in `parse_format`):
 | `audio/pcma` (G.711 A-law)      | 8000  | 1 |
 
 Input is decoded at its own rate; the graph's VAD resamples it to 16 kHz. Output audio leaves
-the graph at 24 kHz and is resampled with soxr (a streaming resampler keeps its filter state
-across chunks, so chunk seams are inaudible) when the session asks for 8 kHz G.711.
+the graph at 24 kHz and is resampled by a streaming resampler (its filter state kept across
+chunks, so chunk seams are inaudible) when the session asks for another rate: to 8 kHz G.711
+the phone line's (graph/fir_resampling.py `streaming`: 1.9 ms of lookahead, so a reply's first
+chunk is out at once, and the same 24 kHz -> 8 kHz on a WebSocket as on a phone call), to
+16 kHz PCM soxr's.
 
 G.711 uses the ITU-T tables, computed once with numpy (256 entries to decode, 65536 to encode).
 """
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import soxr
+
+from graph.fir_resampling import CentredFir, streaming
 
 PCM = "audio/pcm"
 PCMU = "audio/pcmu"
@@ -167,6 +172,12 @@ def to_int16(samples: np.ndarray) -> np.ndarray:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype(np.int16)
 
 
+def g711(samples: np.ndarray, kind: str = PCMU) -> bytes:
+    """float32 mono in [-1, 1] -> G.711 bytes (mu-law for `audio/pcmu`, A-law for `audio/pcma`)."""
+    table = ULAW_ENCODE if kind == PCMU else ALAW_ENCODE
+    return table[to_int16(samples).astype(np.int32) + 32768].tobytes()
+
+
 class OutputEncoder:
     """float32 24 kHz reply audio -> wire bytes in the session's output format.
 
@@ -176,7 +187,10 @@ class OutputEncoder:
     def __init__(self, fmt: AudioFormat, source_rate: int = OUTPUT_RATE):
         self.format = fmt
         self.source_rate = source_rate
-        self._resampler = None if fmt.rate == source_rate else soxr.ResampleStream(source_rate, fmt.rate, 1, dtype="float32", quality="HQ")
+        self._resampler: CentredFir | soxr.ResampleStream | None = None
+        if fmt.rate != source_rate:
+            self._resampler = (streaming(source_rate, fmt.rate)
+                               or soxr.ResampleStream(source_rate, fmt.rate, 1, dtype="float32", quality="HQ"))
         self.samples_in = 0  # at source_rate: how much reply audio this encoder has been given
 
     def encode(self, samples: np.ndarray, sample_rate: int = OUTPUT_RATE) -> bytes:
@@ -195,11 +209,9 @@ class OutputEncoder:
         return self._wire(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
 
     def _wire(self, samples: np.ndarray) -> bytes:
-        pcm = to_int16(samples)
         if self.format.type == PCM:
-            return pcm.astype("<i2").tobytes()
-        table = ULAW_ENCODE if self.format.type == PCMU else ALAW_ENCODE
-        return table[pcm.astype(np.int32) + 32768].tobytes()
+            return to_int16(samples).astype("<i2").tobytes()
+        return g711(samples, self.format.type)
 
     @property
     def duration_ms(self) -> float:

@@ -8,15 +8,16 @@ A WebRTC call (webrtc/call.py) and a phone call (telephony/phone_call.py) run th
 `audio_deltas=False`: reply audio leaves as `SendAudio` into an outbound queue that the wire
 drains in real time, not as events. `CallLink` is what both do with the core's actions:
 
-- the graph: an input goes straight in when the graph has room and nothing waits ahead of it,
-  else it is queued in order to one feeder task (past `MAX_PENDING_INPUTS` the call ends
-  with `input_backlog_full`), outputs pumped back into the core, controls sent at once;
+- the graph: inputs go in through graph/session.py's `GraphInputs` (straight in when the graph
+  has room and nothing waits ahead of it, else queued in order to one feeder task; past
+  `MAX_PENDING_INPUTS` the call ends with `input_backlog_full`), outputs pumped back into the
+  core, controls sent at once;
 - barge-in: the core's Interrupt (speech during a reply, `response.cancel`) clears the reply
   output, so its next frame is silence; speech while a finished reply is still playing clears
   it too, and the item is truncated to what was played (`conversation.item.truncate`, after
   the core has handled the speech). A sound that may be a barge-in only holds the output
   (`HoldPlayback`);
-- time to first audio (`metrics.first_audio(transport, s)`: from the end of the user's turn to
+- time to first audio (first_audio.py, as on the WebSocket: from the end of the user's turn to
   the reply's first frame leaving) and `output_audio_buffer.started` / `.stopped`;
 - sidebands (webrtc/sideband.py): listeners that get every server event;
 - lifetime: `close(reason)` is idempotent and releases everything (tasks, graph session, the
@@ -34,14 +35,13 @@ import asyncio
 import itertools
 import json
 import logging
-import time
-from collections import deque
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from graph.messages import Interrupt
-from graph.session import offer
+from graph.session import GraphInputs
+from session_server.realtime.first_audio import FirstAudio
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     Action,
@@ -56,7 +56,7 @@ from session_server.realtime.protocol import (
 
 # Client messages queued toward the graph; past it the call ends (`input_backlog_full`).
 MAX_PENDING_INPUTS = 1024
-# Responses whose assistant item / first-audio start a call remembers (older ones are forgotten).
+# Responses whose assistant item a call remembers (older ones are forgotten).
 MAX_RECENT_RESPONSES = 64
 
 
@@ -91,7 +91,7 @@ class CallLink:
         self.id = call_id
         self.protocol = protocol
         self.output = output
-        self.metrics = metrics  # anything with `first_audio(transport, seconds)` (session_server.metrics)
+        self._first_audio = FirstAudio(metrics)  # metrics: anything with `first_audio(transport, seconds)`
         self.graph: Any = None  # the GraphSession, set by `start`
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
@@ -102,19 +102,15 @@ class CallLink:
         self._on_closed = on_closed
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inputs: deque[SendToGraph] = deque()
-        self._inputs_changed = asyncio.Event()
-        self._feeding = False  # the feeder holds an input that waits for room: later ones queue behind it
+        self._inputs = GraphInputs(limit=MAX_PENDING_INPUTS)
         self._item_of: dict[str, str] = {}  # response id -> its assistant item id
         self._event_ids = itertools.count(1)
-        self._turn_ended_at: float | None = None
-        self._awaiting_audio: dict[str, float] = {}  # response id -> when its wait for first audio began
 
     def start(self, graph: Any) -> None:
         """Run the call on its graph session; a subclass adds its wire's tasks."""
         self.graph = graph
         self.apply(self.protocol.open())
-        self._spawn(self._feeder(), "feeder")
+        self._spawn(self._inputs.feed(graph), "feeder")
         self._spawn(self._output_pump(), "pump")
 
     # ------------------------------------------------------------------ sidebands
@@ -147,20 +143,6 @@ class CallLink:
             self.log.error("call %s: %s failed", self.id, what, exc_info=error)
             self.apply(self.protocol.close("internal_error"))
 
-    async def _feeder(self) -> None:
-        while True:
-            while not self._inputs:
-                self._inputs_changed.clear()
-                await self._inputs_changed.wait()
-            action = self._inputs.popleft()
-            self._feeding = True
-            try:
-                await self.graph.send(action.input, action.message)
-            except RuntimeError:
-                return  # the graph session ended; the output pump reports why
-            finally:
-                self._feeding = False
-
     async def _output_pump(self) -> None:
         async for message in self.graph.outputs():
             self.apply(self.protocol.graph_output(message))
@@ -178,14 +160,9 @@ class CallLink:
                 if self.trace is not None:
                     self.trace.audio_out(action.response_id)  # no event carries media audio
             elif isinstance(action, SendToGraph):
-                if (not self._inputs and not self._feeding and self.graph is not None
-                        and offer(self.graph, action.input, action.message)):
-                    continue
-                if len(self._inputs) >= MAX_PENDING_INPUTS:
+                if not self._inputs.put(self.graph, action.input, action.message):
                     self.apply(self.protocol.close("input_backlog_full", CLOSE_POLICY))
                     return
-                self._inputs.append(action)
-                self._inputs_changed.set()
             elif isinstance(action, ControlGraph):
                 if self.graph is not None:
                     self.graph.control(action.control)
@@ -198,7 +175,7 @@ class CallLink:
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        self._observe(event)
+        self._first_audio.observe(event)
         if kind == "response.output_item.added":
             self._item_of[event["response_id"]] = event["item"]["id"]
             if len(self._item_of) > MAX_RECENT_RESPONSES:
@@ -246,24 +223,11 @@ class CallLink:
 
         asyncio.get_running_loop().call_soon(truncate)
 
-    # ------------------------------------------------------------------ time to first audio
-
-    def _observe(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed") and self._turn_ended_at is None:
-            self._turn_ended_at = time.monotonic()
-        elif kind == "response.created":
-            started = self._turn_ended_at if self._turn_ended_at is not None else time.monotonic()
-            self._awaiting_audio[event["response"]["id"]] = started
-            self._turn_ended_at = None
-            if len(self._awaiting_audio) > MAX_RECENT_RESPONSES:
-                del self._awaiting_audio[next(iter(self._awaiting_audio))]
+    # ------------------------------------------------------------------ reply audio leaving
 
     def _audio_started(self, response_id: str) -> None:
         """The reply's first frame has left."""
-        started = self._awaiting_audio.pop(response_id, None)
-        if started is not None and self.metrics is not None:
-            self.metrics.first_audio(self.transport, time.monotonic() - started)
+        self._first_audio.left(response_id, self.transport)
         self._send_own("output_audio_buffer.started", response_id=response_id)
 
     def _audio_stopped(self, response_id: str) -> None:

@@ -46,9 +46,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from graph.messages import Message
 from graph.schema import convert_section
-from graph.session import offer
+from graph.session import GraphInputs
 from session_server.realtime.compat import PRESETS
 from session_server.realtime.dialect import BETA, beta_requested
+from session_server.realtime.first_audio import FirstAudio
 from session_server.realtime.protocol import (
     CLOSE_POLICY,
     MAX_APPEND_CHARS,
@@ -103,10 +104,8 @@ class WebSocketLink:
 
     def __init__(self, websocket: WebSocket, protocol: RealtimeProtocol, settings: RealtimeSettings, metrics: Any = None):
         self.websocket = websocket
-        self.metrics = metrics
         # Time to first audio: from the end of the user's turn to the reply's first audio delta.
-        self.turn_ended_at: float | None = None
-        self.awaiting_audio: dict[str, float] = {}
+        self.first_audio = FirstAudio(metrics)
         self.protocol = protocol
         self.settings = settings
         self.graph: Any = None
@@ -115,9 +114,7 @@ class WebSocketLink:
         self.outbox_ready = asyncio.Event()
         self.outbox_drained = asyncio.Event()
         self.outbox_drained.set()
-        self.inputs: deque[SendToGraph] = deque()
-        self.inputs_changed = asyncio.Event()
-        self.feeding = False  # the feeder holds an input that waits for room: later ones queue behind it
+        self.inputs = GraphInputs()  # bounded by the reader (`max_pending_inputs`), not by refusing
         self.closed = asyncio.Event()
         self.close_code = 1000
         self.close_reason = ""
@@ -163,11 +160,7 @@ class WebSocketLink:
             if isinstance(action, SendEvent):
                 self._queue_event(action.event)
             elif isinstance(action, SendToGraph):
-                if (not self.inputs and not self.feeding and self.graph is not None
-                        and offer(self.graph, action.input, action.message)):
-                    continue
-                self.inputs.append(action)
-                self.inputs_changed.set()
+                self.inputs.put(self.graph, action.input, action.message)
             elif isinstance(action, ControlGraph):
                 if self.graph is not None:
                     self.graph.control(action.control)
@@ -175,23 +168,10 @@ class WebSocketLink:
                 self.close_code, self.close_reason = action.code, action.reason
                 self.closed.set()
 
-    def _observe(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind in ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed") and self.turn_ended_at is None:
-            self.turn_ended_at = time.monotonic()
-        elif kind == "response.created":
-            started = self.turn_ended_at if self.turn_ended_at is not None else time.monotonic()
-            self.awaiting_audio[event["response"]["id"]] = started
-            self.turn_ended_at = None
-        elif kind == "response.output_audio.delta":
-            started = self.awaiting_audio.pop(event["response_id"], None)
-            if started is not None and self.metrics is not None:
-                self.metrics.first_audio("realtime", time.monotonic() - started)
-        elif kind == "response.done":
-            self.awaiting_audio.pop(event["response"]["id"], None)
-
     def _queue_event(self, event: dict[str, Any]) -> None:
-        self._observe(event)
+        self.first_audio.observe(event)
+        if event["type"] == "response.output_audio.delta":
+            self.first_audio.left(event["response_id"], "realtime")
         if self.trace is not None:
             self.trace.observe(event)
         if self.on_event is not None:
@@ -233,8 +213,7 @@ class WebSocketLink:
             else:
                 self.apply(self.protocol.receive_binary(message.get("bytes") or b""))
             while len(self.inputs) > self.settings.max_pending_inputs and not self.closed.is_set():
-                self.inputs_changed.clear()
-                await self.inputs_changed.wait()
+                await self.inputs.changed()
 
     async def receive_text(self, text: str) -> None:
         """One text frame of the client; a dialect with client events of its own overrides it
@@ -243,19 +222,7 @@ class WebSocketLink:
         self.apply(self.protocol.receive_text(text))
 
     async def feeder(self) -> None:
-        while True:
-            while not self.inputs:
-                self.inputs_changed.clear()
-                await self.inputs_changed.wait()
-            action = self.inputs.popleft()
-            self.inputs_changed.set()
-            self.feeding = True
-            try:
-                await self.graph.send(action.input, action.message)
-            except RuntimeError:
-                return  # the graph session ended; the pump reports why
-            finally:
-                self.feeding = False
+        await self.inputs.feed(self.graph)  # until the graph session ends; the pump reports why
 
     async def pump(self) -> None:
         message: Message

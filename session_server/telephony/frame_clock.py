@@ -65,9 +65,8 @@ class FrameClock:
     def __init__(self, now: Callable[[], float] = time.monotonic, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self._now, self._sleep = now, sleep  # a test's own clock
         self._phase: dict[Ticking, float] = {}  # joined calls, in the order they joined -> offset in the period (s)
-        self._entry: dict[Ticking, int] = {}  # -> the sequence number of its live entry in `_due`
-        self._due: list[tuple[float, int, Ticking]] = []  # a heap of (due, sequence, call); stale entries skipped
-        self._sequence = itertools.count()
+        self._due: list[tuple[float, int, Ticking]] = []  # a heap of (due, sequence, call): each joined call once
+        self._sequence = itertools.count()  # ties between equal dues, so that calls are never compared
         self._epoch = 0.0
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0  # wake-ups that sent frames
@@ -84,19 +83,16 @@ class FrameClock:
         if self._task is None or self._task.done():
             self._epoch = self._now()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="phone-frame-clock")
-        self._phase.pop(call, None)
+        self._forget(call)
         phase = self._free_phase()
         self._phase[call] = phase
         self._schedule(call, self._slot_after(phase, self._now()))
 
     def leave(self, call: Ticking) -> None:
-        self._phase.pop(call, None)
-        self._entry.pop(call, None)  # its heap entry is skipped when it comes up
-        if not self._phase:
-            self._due.clear()
-            if self._task is not None and self._task is not asyncio.current_task():
-                self._task.cancel()  # no call left: no timer (a call joining later starts another)
-                self._task = None
+        self._forget(call)
+        if not self._phase and self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()  # no call left: no timer (a call joining later starts another)
+            self._task = None
 
     def phase_of(self, call: Ticking) -> float:
         """Where in the 20 ms period `call`'s frames are due (s after the clock's epoch)."""
@@ -121,31 +117,24 @@ class FrameClock:
         return slot
 
     def _schedule(self, call: Ticking, due: float) -> None:
-        sequence = next(self._sequence)
-        self._entry[call] = sequence
-        heapq.heappush(self._due, (due, sequence, call))
+        heapq.heappush(self._due, (due, next(self._sequence), call))
 
-    def _drop_stale(self) -> None:
-        while self._due and self._entry.get(self._due[0][2]) != self._due[0][1]:
-            heapq.heappop(self._due)
+    def _forget(self, call: Ticking) -> None:
+        """Take `call` off the schedule (its entry out of the heap: a scan, once per call, where
+        ticks come fifty times a second)."""
+        if self._phase.pop(call, None) is not None:
+            self._due = [entry for entry in self._due if entry[2] is not call]
+            heapq.heapify(self._due)
 
     async def _run(self) -> None:
-        while True:
-            self._drop_stale()
-            if not self._due:
-                return
+        while self._due:
             now = self._now()
-            while now < self._due[0][0] - EARLY_S:
+            if now < self._due[0][0] - EARLY_S:
                 await self._sleep(self._due[0][0] - now)
-                self._drop_stale()  # calls may have left (or joined, earlier) meanwhile
-                if not self._due:
-                    return
-                now = self._now()
+                continue  # calls may have left (or joined, earlier) meanwhile
             self.ticks += 1
             while self._due and self._due[0][0] <= now + EARLY_S:
-                due, sequence, call = heapq.heappop(self._due)
-                if self._entry.get(call) != sequence:
-                    continue  # left, or joined again
+                due, _, call = heapq.heappop(self._due)
                 if now - due > MAX_LAG_S:  # a stalled loop: no burst of the frames it missed
                     self._schedule(call, self._slot_after(self._phase[call], now))
                     continue

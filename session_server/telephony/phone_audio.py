@@ -23,17 +23,11 @@ import numpy as np
 import soxr
 
 from graph.fir_resampling import CentredFir, streaming
-from session_server.realtime.audio_formats import ALAW_ENCODE, OUTPUT_RATE, PCMU, ULAW_ENCODE, to_int16
+from session_server.realtime.audio_formats import OUTPUT_RATE
 
 PHONE_RATE = 8000
 FRAME_MS = 20
 FRAME_SAMPLES = PHONE_RATE * FRAME_MS // 1000  # 160
-
-
-def g711(samples: np.ndarray, kind: str = PCMU) -> bytes:
-    """float32 mono in [-1, 1] -> G.711 bytes (mu-law for `audio/pcmu`, A-law for `audio/pcma`)."""
-    table = ULAW_ENCODE if kind == PCMU else ALAW_ENCODE
-    return table[to_int16(samples).astype(np.int32) + 32768].tobytes()
 
 
 @dataclass(frozen=True)

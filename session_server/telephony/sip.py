@@ -392,12 +392,8 @@ class SipEndpoint:
     # ------------------------------------------------------------------ the caller's requests
 
     def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
-        call_id = self._by_sip_call.get(request.call_id or "")
-        pending = self.pending.pop(call_id, None) if call_id is not None else None
-        if pending is not None:
-            self._by_sip_call.pop(pending.invite.call_id, None)
-            self._stop_tasks(pending)
-            self._release_media(pending)
+        pending = self.pending.get(self._by_sip_call.get(request.call_id or "", ""))
+        if pending is not None and self._drop_pending(pending):
             log.info("sip: call %s cancelled by the caller", pending.id)
 
     def _on_bye(self, invite: IncomingCall, request: SipRequest) -> None:
@@ -459,11 +455,8 @@ class SipEndpoint:
         return invite
 
     def _end_pending(self, pending: PendingCall, status: int, why: str) -> None:
-        if self.pending.pop(pending.id, None) is None:
+        if not self._drop_pending(pending):
             return
-        self._by_sip_call.pop(pending.invite.call_id, None)
-        self._stop_tasks(pending)
-        self._release_media(pending)
         log.info("sip: call %s refused (%d): %s", pending.id, status, why)
         pending.invite.reject(status)
         self._forget_later(pending.invite)
@@ -477,6 +470,16 @@ class SipEndpoint:
         invite = self._invites.pop(call.id, None)
         if invite is not None:
             self._by_sip_call.pop(invite.call_id, None)
+
+    def _drop_pending(self, pending: PendingCall) -> bool:
+        """Forget a call that ends unanswered (cancelled, refused): its tasks stopped, its RTP
+        session closed. False when it was not pending any more."""
+        if self.pending.pop(pending.id, None) is None:
+            return False
+        self._by_sip_call.pop(pending.invite.call_id, None)
+        self._stop_tasks(pending)
+        self._release_media(pending)
+        return True
 
     @staticmethod
     def _stop_tasks(pending: PendingCall) -> None:

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 from aiortp import RTPSession
 
-from session_server.telephony.phone_audio import FRAME_SAMPLES, PHONE_RATE, g711
+from session_server.realtime.audio_formats import g711
+from session_server.telephony.phone_audio import FRAME_SAMPLES, PHONE_RATE
 from session_server.telephony.phone_call import DTMF_KEYS
 from session_server.telephony.rtp_order import InboundOrder
 

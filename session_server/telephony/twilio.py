@@ -43,12 +43,12 @@ import numpy as np
 from starlette.websockets import WebSocket
 
 from graph.errors import SessionRejected
-from session_server.realtime.audio_formats import PCMU, ULAW_DECODE
+from session_server.realtime.audio_formats import PCMU, ULAW_DECODE, g711
 from session_server.realtime.events import RealtimeError
 from session_server.realtime.protocol import RealtimeProtocol
 from session_server.state import ServerState
 from session_server.telephony.config import TelephonyConfig
-from session_server.telephony.phone_audio import PHONE_RATE, g711
+from session_server.telephony.phone_audio import PHONE_RATE
 from session_server.telephony.phone_call import DTMF_KEYS, PhoneCall
 from session_server.telephony.phone_session import phone_audio, phone_protocol, start_call
 from session_server.telephony.registry import PhoneCalls

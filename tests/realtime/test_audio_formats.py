@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
+from graph.fir_resampling import Downsample3
 from session_server.realtime.audio_formats import (
     ALAW_DECODE,
     ALAW_ENCODE,
@@ -15,6 +16,7 @@ from session_server.realtime.audio_formats import (
     OutputEncoder,
     UnsupportedFormat,
     decode,
+    g711,
     parse_format,
 )
 
@@ -67,3 +69,14 @@ def test_pcm_output_at_24khz_is_passed_through_as_pcm16():
     wire = encoder.encode(np.array([0.0, 0.5, -0.5], np.float32))
     assert np.frombuffer(wire, "<i2").tolist() == [0, 16384, -16384]
     assert encoder.flush() == b""
+
+
+def test_g711_output_is_resampled_as_on_a_phone_line_so_a_replys_first_chunk_leaves_at_once():
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(24000) / 24000)).astype(np.float32)
+    chunks = [tone[i : i + 1368] for i in range(0, 24000, 1368)]  # 57 ms: a reply's first chunk
+    for kind in ("audio/pcmu", "audio/pcma"):
+        encoder, line = OutputEncoder(AudioFormat(kind, 8000)), Downsample3()
+        wire = [encoder.encode(chunk) for chunk in chunks] + [encoder.flush()]
+        phone = [line.resample_chunk(chunk) for chunk in chunks] + [line.resample_chunk(np.zeros(0, np.float32), last=True)]
+        assert wire == [g711(samples, kind) for samples in phone]  # the same 24 kHz -> 8 kHz, chunk for chunk, as a phone call's
+        assert len(wire[0]) >= (len(chunks[0]) - line.half) // 3  # held back: the 1.9 ms lookahead only

@@ -1,9 +1,10 @@
-"""The WebSocket adapter's way into the graph: straight in while there is room, in order after."""
+"""Every link's way into the graph (graph/session.py `GraphInputs`): straight in while there is room, in order after."""
 
 from __future__ import annotations
 
 import asyncio
 
+from graph.session import GraphInputs
 from session_server.realtime.protocol import RealtimeProtocol, SendToGraph
 from session_server.realtime.websocket_link import RealtimeSettings, WebSocketLink
 from tests.conftest import eventually
@@ -30,3 +31,12 @@ async def test_appends_go_straight_to_the_graph_while_it_has_room_and_keep_their
         assert graph.taken[-1] == 5 and graph.direct == 2
     finally:
         feeder.cancel()
+
+
+def test_a_call_s_bounded_queue_refuses_an_input_past_its_limit_and_queues_nothing():
+    inputs = GraphInputs(limit=2)  # a call's (call_link.py `MAX_PENDING_INPUTS`): past it the call ends
+    graph = OrderedSink()
+    graph.full = True
+    assert inputs.put(graph, "audio", 1) and inputs.put(graph, "audio", 2)
+    assert not inputs.put(graph, "audio", 3)
+    assert len(inputs) == 2 and graph.taken == []

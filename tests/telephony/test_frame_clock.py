@@ -39,12 +39,18 @@ class FakeTime:
         await asyncio.sleep(0)
 
 
-async def test_joined_calls_take_phases_spread_evenly_over_the_20_ms():
+def joined(count: int) -> tuple[FrameClock, list[Call]]:
+    """`count` calls joined, one after another, to a clock on fake time."""
     fake = FakeTime()
     clock = FrameClock(now=fake.now, sleep=fake.sleep)
-    calls = [Call(clock) for _ in range(4)]
+    calls = [Call(clock) for _ in range(count)]
     for call in calls:
         clock.join(call)
+    return clock, calls
+
+
+async def test_joined_calls_take_phases_spread_evenly_over_the_20_ms():
+    clock, calls = joined(4)
     assert sorted(clock.phase_of(call) for call in calls) == pytest.approx([0.0, 0.005, 0.010, 0.015])
     left = clock.phase_of(calls[1])
     clock.leave(calls[1])  # the widest gap is now where it was: the next call takes its place
@@ -56,11 +62,7 @@ async def test_joined_calls_take_phases_spread_evenly_over_the_20_ms():
 
 
 async def test_each_call_sends_every_20_ms_at_its_phase_not_all_in_one_burst():
-    fake = FakeTime()
-    clock = FrameClock(now=fake.now, sleep=fake.sleep)
-    calls = [Call(clock) for _ in range(4)]
-    for call in calls:
-        clock.join(call)
+    clock, calls = joined(4)
     await until_true(lambda: all(len(call.ticked_at) >= 5 for call in calls), timeout=5, step=0.001)
     for call in calls:
         clock.leave(call)
