@@ -35,15 +35,20 @@ def wait_until(check, what: str, timeout: float = 90.0, process: subprocess.Pope
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def eventually(check, what: str = "the condition", timeout_s: float = 10.0) -> None:
-    """The async `wait_until`: poll `check` every 10 ms on the loop until it is true; fails the test
-    after `timeout_s`, naming `what` it waited for."""
+async def until_true(predicate, timeout: float = 10.0, step: float = 0.02, what: str = "the condition") -> None:
+    """The async `wait_until`: poll `predicate` every `step` s on the loop until it is true; fails
+    the test after `timeout` s, naming `what` it waited for. Every suite's condition wait."""
     try:
-        async with asyncio.timeout(timeout_s):
-            while not check():
-                await asyncio.sleep(0.01)
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await asyncio.sleep(step)
     except TimeoutError:
-        raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}") from None
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from None
+
+
+async def eventually(check, what: str = "the condition", timeout_s: float = 10.0) -> None:
+    """`until_true` with what it waits for named first, polling every 10 ms."""
+    await until_true(check, timeout_s, step=0.01, what=what)
 
 
 def free_port() -> int:

@@ -15,13 +15,14 @@ trace on CPU) and replayed; one host read of the chosen ids per step, as eager.
 
 A sampled step's inputs beyond the greedy one's: each row's setting as `[5, B]` float columns
 (`row_settings`, padding rows greedy: one copy), the draw's noise `q` `[B, V]` and the grammar's
-allowed ids `[B, V]` bool (all true for a row without one; a non-blocking copy into a static
-buffer shared by the size's sampled graphs). The noise is drawn before the replay, outside what
-is captured, by `ThinkerSampler.noise`: the rows without a seed in one call on the device's
-default generator, each seeded row from its own generator, exactly as the eager sampler draws
-it, so that the captured step picks the eager tokens for the same noise. Why a flag in the key
-and not one unit with greedy as temperature 0: the sampled choice (two sorts of `[B, V]`, three
-softmaxes) made greedy steps slower (docs/notebook/2026-12-07-captured-sampling.md).
+allowed ids `[B, V]` bool (all true for a row without one; stacked on the host, then one
+non-blocking copy into a static buffer shared by the size's sampled graphs). The noise is drawn
+before the replay, outside what is captured, by `ThinkerSampler.noise`: the rows without a seed
+in one call on the device's default generator, each seeded row from its own generator, exactly
+as the eager sampler draws it, so that the captured step picks the eager tokens for the same
+noise. Why a flag in the key and not one unit with greedy as temperature 0: the sampled choice
+(two sorts of `[B, V]`, three softmaxes) made greedy steps slower
+(docs/notebook/2026-12-07-captured-sampling.md).
 
 Where it applies (`StepUnit.capturable`): the step's `Feed`s (a feed that chooses nothing, a
 reply's last token, rides along: its token is not read), at most 64 of them, the lean layers
@@ -53,7 +54,7 @@ import torch.nn.functional as F
 from nodes.qwen3_omni.capture import Captured, PenaltyColumns, padded_batch, python_modes
 from nodes.qwen3_omni.captured import _cache_key, _rms_norm, head_weights_of, kv_span, span_layers, static_layers
 from nodes.qwen3_omni.thinker_requests import Feed
-from nodes.qwen3_omni.thinker_sampling import choose_rows, device_floats, device_longs, row_settings
+from nodes.qwen3_omni.thinker_sampling import choose_rows, device_floats, device_longs, row_settings, to_device
 
 if TYPE_CHECKING:
     from nodes.qwen3_omni.lean_decode import LeanDecode
@@ -81,11 +82,13 @@ Key = tuple[int, bool, bool, int, bool]
 
 
 class StepInputs:
-    """One decode step's inputs for B rows (see `StepUnit.step`). The last three are read by a
-    sampled step only (`Key`); None where the step has none to give (the static buffer's stays)."""
+    """One decode step's inputs for B rows (see `StepUnit.step`): `GREEDY`, what every step reads,
+    and the `CHOICE` a sampled step reads too (`Key`); None where the step has none to give (the
+    static buffer's stays)."""
 
-    __slots__ = ("ids", "positions", "rows", "starts", "ignore_eos", "seen", "penalty", "settings", "noise", "allowed")
-    GREEDY = 7  # the greedy step's inputs: the first seven
+    GREEDY = ("ids", "positions", "rows", "starts", "ignore_eos", "seen", "penalty")
+    CHOICE = ("settings", "noise", "allowed")
+    __slots__ = GREEDY + CHOICE
 
     def __init__(self, ids, positions, rows, starts, ignore_eos, seen, penalty, settings=None, noise=None,
                  allowed=None):
@@ -98,10 +101,10 @@ class StepInputs:
         self.penalty = penalty  # [B, 1] float32: the repetition penalty (1.0: none)
         self.settings = settings  # [5, padded B] float32: `thinker_sampling.row_settings`, padding rows greedy
         self.noise = noise  # [B, V] float32: the draw's noise q (`ThinkerSampler.noise`, drawn before the step)
-        self.allowed = allowed  # [B, V] bool: the grammar's allowed ids (all true for a row without one)
+        self.allowed = allowed  # [B, V] bool on the host: the grammar's ids (`ThinkerSampler.allowed`)
 
     def names(self, sampled: bool) -> tuple[str, ...]:
-        return self.__slots__ if sampled else self.__slots__[:self.GREEDY]
+        return self.GREEDY + self.CHOICE if sampled else self.GREEDY
 
     def tensors(self, sampled: bool = False) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.names(sampled)]
@@ -226,10 +229,7 @@ class StepUnit:
         sampler = self.runner.sampler
         settings = device_floats(row_settings(choices, self.vocab_size, size), self.device)  # one copy
         noise = sampler.noise(choices)  # None: no row samples (the rows' q are not read)
-        allowed = None
-        if any(c is not None and c.allowed is not None for c in choices):
-            masks = [sampler._any if c is None or c.allowed is None else c.allowed for c in choices]
-            allowed = torch.stack(masks).to(self.device, non_blocking=True)
+        allowed = sampler.allowed(choices)  # on the host: a replay copies it once, into its buffer
         return StepInputs(ids, positions, rows, starts_t, ignore_eos, seen, penalty, settings, noise, allowed)
 
     def _first_rows(self, slots: list[int], size: int) -> bool:
@@ -284,7 +284,7 @@ class StepUnit:
             return logits, torch.argmax(scores, dim=-1)
         rows = scores.shape[0]
         noise = inputs.noise if inputs.noise is not None else torch.ones_like(scores)  # (as written only)
-        allowed = inputs.allowed if inputs.allowed is not None else self._anything(rows)
+        allowed = self._anything(rows) if inputs.allowed is None else to_device(inputs.allowed, self.device)
         return logits, choose_rows(scores, inputs.settings[:, :rows], noise, allowed)
 
     def _anything(self, rows: int) -> torch.Tensor:
@@ -388,20 +388,17 @@ class _StepGraph:
 
     def replay(self, inputs: StepInputs, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         static = self.inputs
-        names = static.names(self.sampled)
-        if self.sampled:
-            self._grammar(inputs.allowed, rows)
+        given = [(name, getattr(inputs, name)) for name in static.names(self.sampled)]
         if not self.cuda and rows == self.size:  # the trace takes any tensors of its shapes: no copies
-            return self.captured.run(*[getattr(static, name) if getattr(inputs, name) is None else getattr(inputs, name)
-                                       for name in names])
-        for name in names:
-            value = getattr(inputs, name)
-            if value is None or name == "allowed":
-                continue
-            if name == "settings":  # [5, size]: built with the padding rows
-                static.settings.copy_(value, non_blocking=True)
-            else:
-                getattr(static, name)[:rows].copy_(value, non_blocking=True)
+            if self.sampled and inputs.allowed is None:
+                self._unmask(0)
+            return self.captured.run(*[getattr(static, name) if value is None else value for name, value in given])
+        for name, value in given:
+            if value is not None:  # settings: [5, size], built with the padding rows
+                target = getattr(static, name)
+                (target if name == "settings" else target[:rows]).copy_(value, non_blocking=True)
+        if self.sampled:
+            self._unmask(rows if inputs.allowed is not None else 0)
         if rows < self.size:  # padding rows: the first row's (or their own row's) last column
             if self.first_rows:
                 static.rows[rows:].copy_(self._padding_rows[rows:])
@@ -415,19 +412,11 @@ class _StepGraph:
             return logits, tokens
         return logits[:rows], tokens[:rows]
 
-    def _grammar(self, allowed: torch.Tensor | None, rows: int) -> None:
-        """The grammar masks into the shared static buffer (non-blocking); all true again after a
-        step that had some, so that a row without a grammar is never masked by an earlier one's.
-        On CPU a step of `size` rows passes its mask to the trace as it is."""
+    def _unmask(self, masked: int) -> None:
+        """The shared mask buffer all true past its first `masked` rows (this step's grammar masks,
+        just copied in) where an earlier step left masks there, so that a row without a grammar
+        is never masked by an earlier one's."""
         choice = self.choice
-        if allowed is None:
-            if choice.masked:
-                choice.allowed.fill_(True)
-                choice.masked = False
-            return
-        if not self.cuda and rows == self.size:
-            return
-        choice.allowed[:rows].copy_(allowed, non_blocking=True)
-        if rows < self.size and choice.masked:
-            choice.allowed[rows:].fill_(True)
-        choice.masked = True
+        if choice.masked and masked < self.size:
+            choice.allowed[masked:].fill_(True)
+        choice.masked = masked > 0

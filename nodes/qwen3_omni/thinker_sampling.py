@@ -94,7 +94,8 @@ def device_floats(values: Sequence[Sequence[float]], device: torch.device) -> to
     return torch.tensor(values, dtype=torch.float32, pin_memory=True).to(device, non_blocking=True)
 
 
-def _to_device(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host mask on `device` in one non-blocking copy (a mask already there, as it is)."""
     if mask.device == device:
         return mask
     return mask.to(device, non_blocking=True)
@@ -183,6 +184,16 @@ class ThinkerSampler:
         self._banned = (self.banned[0], self.banned[1])  # by `ignore_eos`; views taken once, not per step
         self._any = torch.ones(self.vocab_size, dtype=torch.bool)  # a row without a grammar (host)
 
+    def allowed(self, choices: Sequence[Choice | None]) -> torch.Tensor | None:
+        """The rows' grammar masks as one `[len(choices), V]` bool on the host (all true for a row
+        without a grammar or a choice), or None when no row has one. Still on the host: its one
+        copy to the device is the caller's (the eager pick's `to_device`, the captured step's copy
+        into its static buffer)."""
+        if all(choice is None or choice.allowed is None for choice in choices):
+            return None
+        return torch.stack([self._any if choice is None or choice.allowed is None else choice.allowed
+                            for choice in choices])
+
     def choose(self, logits: torch.Tensor, choices: Sequence[Choice]) -> list[int]:
         """The chosen id of each row of `logits` [B, V] (on the device; read, not changed) under
         `choices[i]`: one `tolist()` for all rows, no other read of a device value."""
@@ -243,9 +254,9 @@ class ThinkerSampler:
             penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
             scores = torch.where(seen, penalized, scores)
         scores = scores.masked_fill(self._banned[int(ignore_eos)], -float("inf"))
-        if any(choice.allowed is not None for choice in choices):
-            allowed = torch.stack([self._any if choice.allowed is None else choice.allowed for choice in choices])
-            scores = scores.masked_fill(_to_device(allowed, scores.device).logical_not_(), -float("inf"))
+        allowed = self.allowed(choices)
+        if allowed is not None:
+            scores = scores.masked_fill(to_device(allowed, scores.device).logical_not_(), -float("inf"))
         if greedy:
             return torch.argmax(scores, dim=-1)
         if temperature != 1.0:

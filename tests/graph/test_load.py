@@ -138,6 +138,15 @@ async def started(profile) -> GraphRuntime:
     return runtime
 
 
+async def started_with_kv_rows(rows: int) -> GraphRuntime:
+    """A relay runtime whose sink holds `rows` KV rows allocated at start (its session limit far above)."""
+    profile = relay_sink_profile()
+    profile["limits"]["max_sessions"] = 100
+    runtime = await started(profile)
+    runtime.nodes["sink"].kv_rows = lambda: rows  # type: ignore[method-assign]
+    return runtime
+
+
 async def test_a_runtime_too_busy_for_the_goal_refuses_a_new_session_with_session_limit_reached():
     profile = relay_sink_profile()
     profile["limits"].update(max_sessions=100, first_audio_goal_ms=50)
@@ -228,11 +237,8 @@ def test_engine_handles_start_with_no_report():
 
 
 async def test_a_nodes_kv_rows_allocated_at_start_cap_the_sessions_a_runtime_admits():
-    profile = relay_sink_profile()
-    profile["limits"]["max_sessions"] = 100
-    runtime = await started(profile)
+    runtime = await started_with_kv_rows(2)
     try:
-        runtime.nodes["sink"].kv_rows = lambda: 2  # type: ignore[method-assign]
         assert runtime.capacity("realtime") == 2
         await runtime.open_session("a")
         await runtime.open_session("b")
@@ -244,11 +250,8 @@ async def test_a_nodes_kv_rows_allocated_at_start_cap_the_sessions_a_runtime_adm
 
 
 async def test_speech_requests_and_live_sessions_share_the_rows_allocated_at_start():
-    profile = relay_sink_profile()
-    profile["limits"]["max_sessions"] = 100
-    runtime = await started(profile)
+    runtime = await started_with_kv_rows(3)
     try:
-        runtime.nodes["sink"].kv_rows = lambda: 3  # type: ignore[method-assign]
         await runtime.open_session("speech", kind="speech")
         assert runtime.capacity("realtime") == 2 and runtime.capacity("speech") == 3
         await runtime.open_session("live")

@@ -110,6 +110,15 @@ def test_seeded_sampled_sessions_draw_the_eager_tokens_as_they_join_and_leave(om
     assert any(sampled for _, _, sampled, _, _ in runner.step_unit._graphs)
 
 
+def _eager_and_captured(omni, slots: int) -> tuple[ThinkerRunner, ThinkerRunner]:
+    """Two runners of their own (each its own cache, every row taken), graphs off and auto."""
+    eager, captured = (ThinkerRunner(omni, slots=slots, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
+    for runner in (eager, captured):
+        for _ in range(slots):
+            runner.cache.acquire()
+    return eager, captured
+
+
 def _answers(runner: ThinkerRunner, rows: list[int], last: dict[int, int], choices: dict[int, Choice]) -> list:
     return runner.answer([Feed(row, last[row], runner.cache.lengths[row], None, choices[row]) for row in rows])
 
@@ -117,10 +126,7 @@ def _answers(runner: ThinkerRunner, rows: list[int], last: dict[int, int], choic
 def test_unseeded_rows_draw_the_eager_tokens_from_the_same_default_generator(omni):
     # Rows without a seed share the device's default generator: one draw of the step's noise,
     # in row order, outside the captured region: the same noise, the same tokens.
-    eager, captured = (ThinkerRunner(omni, slots=4, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
-    for runner in (eager, captured):
-        for _ in range(4):
-            runner.cache.acquire()
+    eager, captured = _eager_and_captured(omni, slots=4)
     choices = {0: Choice(Sampling(temperature=1.0)), 1: Choice(Sampling(ignore_eos=True)),
                2: Choice(Sampling(temperature=0.7, top_p=0.9, ignore_eos=True))}
     last = {row: 30 + row for row in range(3)}
@@ -138,10 +144,7 @@ def test_unseeded_rows_draw_the_eager_tokens_from_the_same_default_generator(omn
 def test_a_grammar_masked_row_picks_only_allowed_ids_and_the_eager_ones(omni):
     # Masked rows (greedy and sampled) beside rows without a grammar, the mask changing every
     # step as a grammar's does, a masked step after an unmasked one and back, padding rows.
-    eager, captured = (ThinkerRunner(omni, slots=8, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
-    for runner in (eager, captured):
-        for _ in range(8):
-            runner.cache.acquire()
+    eager, captured = _eager_and_captured(omni, slots=8)
     vocab = captured.step_unit.vocab_size
     masks = torch.Generator().manual_seed(5)
     last = {row: 40 + row for row in range(8)}
@@ -203,10 +206,7 @@ def test_graphs_off_runs_every_step_eager(omni, runner):
 def test_captured_steps_equal_eager_ones_on_any_rows_with_padding(omni):
     # Two runners of their own (each its own cache), fed the same rows step by step: rows that
     # are the cache's first ones (read in place), rows with gaps (copied out), padded batches.
-    eager, captured = (ThinkerRunner(omni, slots=8, capacity=64, graphs=graphs) for graphs in ("off", "auto"))
-    for runner in (eager, captured):
-        for _ in range(8):
-            runner.cache.acquire()
+    eager, captured = _eager_and_captured(omni, slots=8)
     schedule = [({0}, 3), ({0, 1}, 3), ({0, 1, 2}, 4), ({0, 2}, 4), ({0, 1, 2, 5}, 4), ({1, 3, 4, 5, 6}, 3),
                 ({0, 1, 2, 3, 4, 5, 6}, 4), ({6}, 2), ({0, 1, 2, 3, 4, 5, 6, 7}, 3)]
     last = {row: 17 + 5 * row for row in range(8)}  # each row feeds the token it was last given

@@ -94,3 +94,8 @@ async def raw_client(server, model: str = MODEL, api_key: str | None = API_KEY, 
     async with websockets.connect(url, additional_headers=headers, max_size=None, **options) as ws:
         client = RawClient(ws)
         yield client
+
+
+def connect(server, query: str = "") -> contextlib.AbstractAsyncContextManager[RawClient]:
+    """A raw client of the server's own model, authorised (`query`: as `raw_client`'s)."""
+    return raw_client(server, model=server.runtime.model_id, query=query)

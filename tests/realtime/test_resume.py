@@ -9,13 +9,8 @@ from typing import Any
 
 from configs import load_profile
 from tests.conftest import http_client, running_server
-from tests.realtime.client import API_KEY, RawClient, raw_client
+from tests.realtime.client import API_KEY, RawClient, connect
 from tests.realtime.fakes import realtime_profile
-
-
-def connect(srv, query: str = ""):
-    """A raw client of the server's own model, authorised."""
-    return raw_client(srv, model=srv.runtime.model_id, query=query)
 
 
 def resume_query(session_id: str, token: str) -> str:

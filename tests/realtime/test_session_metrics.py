@@ -4,17 +4,11 @@ session's usage (tokens by kind and modality, audio seconds in and out)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-
-import websockets
 
 from tests.conftest import http_client, running_server
-from tests.realtime.client import API_KEY, RawClient, b64
+from tests.realtime.client import API_KEY, b64, connect
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.speech import pcm16, silence
-
-HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
 
 def sample(text: str, series: str) -> float:
     """The value of one series (`name{labels}`) in a Prometheus text exposition."""
@@ -33,13 +27,6 @@ async def metrics_until(srv, check, timeout: float = 10.0) -> str:
                 if check(text):
                     return text
                 await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def connect(srv, query: str = ""):
-    url = f"{srv.ws_url}/v1/realtime?model={srv.runtime.model_id}{query}"
-    async with websockets.connect(url, additional_headers=HEADERS, max_size=None) as ws:
-        yield RawClient(ws)
 
 
 async def test_a_dropped_client_shows_as_parked_and_its_resume_as_connected_again():

@@ -3,7 +3,6 @@ OTLP endpoint is configured."""
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import os
 import subprocess
@@ -11,7 +10,6 @@ import sys
 import threading
 
 import pytest
-import websockets
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,20 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from session_server import tracing
 from session_server.tracing import TracingUnavailable, TurnTracing
-from tests.conftest import REPO, running_server
-from tests.realtime.client import API_KEY, RawClient, b64, utterance
+from tests.conftest import REPO, running_server, until_true
+from tests.realtime.client import API_KEY, b64, connect, utterance
 from tests.realtime.fakes import realtime_profile
 from tests.realtime.speech import pcm16
 
-HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 CHILDREN = ["turn.commit", "turn.first_token", "turn.first_audio", "turn.reply"]
-
-
-@contextlib.asynccontextmanager
-async def connect(srv):
-    url = f"{srv.ws_url}/v1/realtime?model={srv.runtime.model_id}"
-    async with websockets.connect(url, additional_headers=HEADERS, max_size=None) as ws:
-        yield RawClient(ws)
 
 
 def in_memory() -> tuple[TurnTracing, InMemorySpanExporter]:
@@ -185,7 +175,6 @@ async def test_a_webrtc_turn_ends_its_first_audio_span_when_its_audio_reaches_th
 async def test_a_phone_turn_ends_its_first_audio_span_when_its_audio_reaches_the_line():
     from tests.telephony.test_twilio_streams import phone_profile, started_call
     from tests.telephony.twilio_client import RATE, TwilioStream
-    from tests.webrtc.helpers import until_true
     from tests.webrtc.helpers import utterance as spoken
 
     turn_traces, exporter = in_memory()

@@ -14,18 +14,13 @@ import websockets
 import yaml
 
 from clients.python.webrtc import WebRTCSession
-from tests.conftest import REPO, free_port, http_client, running_server, serve_process
+from tests.conftest import REPO, free_port, http_client, running_server, serve_process, until_true
 from tests.graph.fakes import relay_sink_profile
-from tests.realtime.client import API_KEY, RawClient, raw_client
+from tests.realtime.client import API_KEY, RawClient, connect
 from tests.realtime.fakes import realtime_profile
-from tests.webrtc.helpers import until_true, webrtc_profile
+from tests.webrtc.helpers import webrtc_profile
 
 ADMIN_KEY = "admin-key"
-
-
-def connect(srv, query: str = ""):
-    """A raw client of the server's own model, authorised."""
-    return raw_client(srv, model=srv.runtime.model_id, query=query)
 
 
 async def opened(client: RawClient) -> tuple[str, str]:

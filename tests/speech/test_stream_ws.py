@@ -32,6 +32,13 @@ async def receive_until(ws, event_type: str) -> list:
                 return received
 
 
+async def flush(ws, text: str) -> list:
+    """`text`, then `input.done`: everything received up to and including its `session.done`."""
+    await send(ws, type="input.text", text=text)
+    await send(ws, type="input.done")
+    return await receive_until(ws, "session.done")
+
+
 def events(received, event_type=None):
     return [m for m in received if isinstance(m, dict) and (event_type is None or m["type"] == event_type)]
 
@@ -44,9 +51,7 @@ async def test_one_flush_is_spoken_as_one_request_by_default(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", voice="aiden", response_format="pcm")
         await send(ws, type="input.text", text="Hello there. ")
-        await send(ws, type="input.text", text="How are you?")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "How are you?")
     start, done, finished = events(received)
     assert start == {
         "type": "audio.start",
@@ -67,9 +72,7 @@ async def test_sentence_granularity_speaks_each_sentence_as_it_completes(server)
         await send(ws, type="session.config", split_granularity="sentence", response_format="wav")
         await send(ws, type="input.text", text="Dr. Smith paid 3.50 dollars. Then ")
         first = await receive_until(ws, "audio.done")  # spoken before input.done
-        await send(ws, type="input.text", text='he said "Bye." Done')
-        await send(ws, type="input.done")
-        rest = await receive_until(ws, "session.done")
+        rest = await flush(ws, 'he said "Bye." Done')
     starts = events(first + rest, "audio.start")
     assert [s["sentence_text"] for s in starts] == ["Dr. Smith paid 3.50 dollars.", 'Then he said "Bye."', "Done"]
     assert [s["sentence_index"] for s in starts] == [0, 1, 2]
@@ -81,18 +84,14 @@ async def test_sentence_granularity_speaks_each_sentence_as_it_completes(server)
 async def test_clause_granularity_also_cuts_at_commas(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", split_granularity="clause", response_format="pcm")
-        await send(ws, type="input.text", text="First, 1,000 things; then more")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "First, 1,000 things; then more")
     assert [s["sentence_text"] for s in events(received, "audio.start")] == ["First,", "1,000 things;", "then more"]
 
 
 async def test_stream_audio_sends_pcm_chunks_as_they_are_decoded(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", response_format="pcm", stream_audio=True, sample_rate=16000)
-        await send(ws, type="input.text", text="one two three")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "one two three")
     frames = [m for m in received if isinstance(m, bytes)]
     assert len(frames) > 1
     assert events(received, "audio.start")[0]["sample_rate"] == 16000
@@ -103,16 +102,10 @@ async def test_stream_audio_sends_pcm_chunks_as_they_are_decoded(server):
 async def test_the_connection_stays_open_across_flushes_and_config_is_sticky(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", voice="chelsie", response_format="pcm")
-        await send(ws, type="input.text", text="first")
-        await send(ws, type="input.done")
-        first = await receive_until(ws, "session.done")
-        await send(ws, type="input.text", text="second")  # same config, no resend
-        await send(ws, type="input.done")
-        second = await receive_until(ws, "session.done")
+        first = await flush(ws, "first")
+        second = await flush(ws, "second")  # same config, no resend
         await send(ws, type="session.config", voice="aiden", response_format="pcm")  # between utterances: fine
-        await send(ws, type="input.text", text="third")
-        await send(ws, type="input.done")
-        third = await receive_until(ws, "session.done")
+        third = await flush(ws, "third")
     assert [events(r, "session.done")[0]["utterance_index"] for r in (first, second, third)] == [0, 1, 2]
     assert abs(dominant_hz(pcm_samples(audio(second)), RATE) - 220) < 10
     assert abs(dominant_hz(pcm_samples(audio(third)), RATE) - 440) < 10
@@ -133,9 +126,7 @@ async def test_config_mid_utterance_is_rejected_and_the_buffer_kept(server):
         await send(ws, type="session.config", voice="aiden")
         [error] = await receive_until(ws, "error")
         assert error["code"] == "config_mid_utterance"
-        await send(ws, type="input.text", text=" utterance")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, " utterance")
     assert events(received, "audio.start")[0]["sentence_text"] == "half of an utterance"
     assert abs(dominant_hz(pcm_samples(audio(received)), RATE) - 220) < 10  # still the first voice
 
@@ -149,9 +140,7 @@ async def test_an_invalid_config_is_reported_and_a_valid_one_then_works(server):
         [error] = await receive_until(ws, "error")
         assert "stream_audio requires response_format" in error["message"]
         await send(ws, type="session.config", response_format="mp3", speed=1.5)
-        await send(ws, type="input.text", text="fast words")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "fast words")
     assert events(received, "audio.done")[0]["error"] is False and audio(received)
 
 
@@ -168,9 +157,7 @@ async def test_the_first_message_must_be_session_config(server):
 async def test_a_failed_unit_reports_an_error_and_the_session_goes_on(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", split_granularity="sentence", response_format="pcm")
-        await send(ws, type="input.text", text="This will FAIL. This works.")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "This will FAIL. This works.")
     assert events(received, "error")[0]["code"] == "synthesis_failed"
     assert [d["error"] for d in events(received, "audio.done")] == [True, False]
 
@@ -243,17 +230,13 @@ async def test_bad_messages_are_reported_without_closing(server):
         assert (await receive_until(ws, "error"))[0]["code"] == "invalid_message"
         await send(ws, type="input.nonsense")
         assert (await receive_until(ws, "error"))[0]["code"] == "unknown_event"
-        await send(ws, type="input.text", text="still here")
-        await send(ws, type="input.done")
-        assert events(await receive_until(ws, "session.done"), "audio.done")[0]["error"] is False
+        assert events(await flush(ws, "still here"), "audio.done")[0]["error"] is False
 
 
 async def test_stream_audio_wav_starts_each_unit_with_a_streaming_header(server):
     async with connect(url(server)) as ws:
         await send(ws, type="session.config", response_format="wav", stream_audio=True, split_granularity="sentence")
-        await send(ws, type="input.text", text="One two. Three four.")
-        await send(ws, type="input.done")
-        received = await receive_until(ws, "session.done")
+        received = await flush(ws, "One two. Three four.")
     units, current = [], None
     for message in received:
         if isinstance(message, dict) and message["type"] == "audio.start":

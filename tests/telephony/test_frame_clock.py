@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from session_server.telephony.frame_clock import FRAME_S, MAX_LAG_S, FrameClock
-from tests.webrtc.helpers import until_true
+from tests.conftest import until_true
 
 
 class Call:

@@ -9,7 +9,7 @@ import numpy as np
 from graph.messages import AudioChunk
 from session_server.realtime.protocol import RealtimeProtocol
 from session_server.telephony.phone_call import PhoneCall
-from tests.webrtc.helpers import until_true
+from tests.conftest import until_true
 
 
 class Graph:

@@ -15,10 +15,10 @@ import openai
 import pytest
 
 from session_server.telephony.sip_media import rtp_port
-from tests.conftest import http_client, running_server
+from tests.conftest import http_client, running_server, until_true
 from tests.telephony.sip_phone import RATE, SipPhone, sdp_offer
 from tests.telephony.test_twilio_streams import API_KEY, phone_calls, phone_profile, sideband
-from tests.webrtc.helpers import dominant_hz, rms, until_true, utterance
+from tests.webrtc.helpers import dominant_hz, rms, utterance
 
 
 def sip_profile(reply: dict | None = None, limits: dict | None = None, **sip) -> dict:

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import websockets
 
-from tests.conftest import running_server
+from tests.conftest import running_server, until_true
 from tests.realtime.fakes import realtime_profile
 from tests.telephony.twilio_client import RATE, TwilioStream
-from tests.webrtc.helpers import dominant_hz, rms, until_true, utterance
+from tests.webrtc.helpers import dominant_hz, rms, utterance
 
 API_KEY = "test-key"
 

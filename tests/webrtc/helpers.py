@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 
 import numpy as np
@@ -40,12 +39,6 @@ def open_peer_connections() -> list[RTCPeerConnection]:
 
 def udp_sockets() -> int:
     return len(psutil.Process().net_connections(kind="udp"))
-
-
-async def until_true(predicate, timeout: float = 10.0, step: float = 0.02) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(step)
 
 
 def dominant_hz(samples: np.ndarray, rate: int) -> float:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.conftest import running_server
+from tests.conftest import running_server, until_true
 from tests.realtime.speech import silence, speech
 from tests.webrtc import browser
-from tests.webrtc.helpers import API_KEY, calls_of, until_true, webrtc_profile
+from tests.webrtc.helpers import API_KEY, calls_of, webrtc_profile
 
 pytestmark = pytest.mark.skipif(
     browser.chromium_path() is None,

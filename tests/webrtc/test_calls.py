@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 
 from clients.python.webrtc import WebRTCSession
-from tests.conftest import running_server
-from tests.webrtc.helpers import API_KEY, MODEL, calls_of, dominant_hz, rms, until_true, utterance, webrtc_profile
+from tests.conftest import running_server, until_true
+from tests.webrtc.helpers import API_KEY, MODEL, calls_of, dominant_hz, rms, utterance, webrtc_profile
 
 
 async def test_offer_gets_an_sdp_answer_with_a_call_location_and_session_created():

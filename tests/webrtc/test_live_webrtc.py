@@ -17,10 +17,10 @@ from openai import AsyncOpenAI, BadRequestError
 
 from clients.python.audio import PlaybackTrack
 from clients.python.webrtc import WebRTCSession, loopback_only
-from tests.conftest import running_server
+from tests.conftest import running_server, until_true
 from tests.live.fakes import live_profile
 from tests.realtime.client import RawClient
-from tests.webrtc.helpers import API_KEY, calls_of, rms, until_true
+from tests.webrtc.helpers import API_KEY, calls_of, rms
 
 
 def live_webrtc_profile() -> dict:

@@ -18,8 +18,8 @@ import httpx
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from session_server.webrtc.offer import PeerConnection
-from tests.conftest import eventually, running_server
-from tests.webrtc.helpers import API_KEY, calls_of, until_true, webrtc_profile
+from tests.conftest import eventually, running_server, until_true
+from tests.webrtc.helpers import API_KEY, calls_of, webrtc_profile
 
 KEYS = ["a=setup:", "a=fingerprint:", "a=mid:", "a=group:", "m=", "a=ice-ufrag:", "a=ice-pwd:", "a=rtpmap:",
         "a=sctp-port:", "a=candidate:", "c=", "a=msid:", "a=ssrc:", "a=rtcp:", "a=extmap:"]

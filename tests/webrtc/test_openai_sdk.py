@@ -10,8 +10,8 @@ from aiortc.mediastreams import AudioStreamTrack
 from openai import AsyncOpenAI
 
 from clients.python.webrtc import loopback_only
-from tests.conftest import running_server
-from tests.webrtc.helpers import API_KEY, MODEL, calls_of, until_true, webrtc_profile
+from tests.conftest import running_server, until_true
+from tests.webrtc.helpers import API_KEY, MODEL, calls_of, webrtc_profile
 
 
 async def test_sdk_mints_a_client_secret_creates_a_call_with_it_and_hangs_up():

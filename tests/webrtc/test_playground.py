@@ -19,10 +19,10 @@ import pytest
 import soundfile
 from PIL import Image
 
-from tests.conftest import REPO, running_server
+from tests.conftest import REPO, running_server, until_true
 from tests.realtime.speech import silence, speech
 from tests.webrtc import browser
-from tests.webrtc.helpers import API_KEY, calls_of, until_true, webrtc_profile
+from tests.webrtc.helpers import API_KEY, calls_of, webrtc_profile
 from tests.webrtc.transcribing_fake import transcribed_webrtc_profile
 
 pytestmark = pytest.mark.skipif(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from configs import load_profile
 from clients.python.webrtc import WebRTCSession
-from tests.conftest import running_server
-from tests.webrtc.helpers import API_KEY, rms, until_true, utterance
+from tests.conftest import running_server, until_true
+from tests.webrtc.helpers import API_KEY, rms, utterance
 
 
 async def test_the_default_graph_answers_a_spoken_turn_on_the_audio_track():

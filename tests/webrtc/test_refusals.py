@@ -7,8 +7,8 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from clients.python.webrtc import CallFailed, WebRTCSession
-from tests.conftest import running_server
-from tests.webrtc.helpers import API_KEY, calls_of, open_peer_connections, until_true, webrtc_profile
+from tests.conftest import running_server, until_true
+from tests.webrtc.helpers import API_KEY, calls_of, open_peer_connections, webrtc_profile
 
 VIDEO_ONLY = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:96 VP8/90000\r\n"
 # An audio m-line, but no ICE credentials or DTLS fingerprint: not answerable.

@@ -13,9 +13,9 @@ import websockets
 
 from clients.python.webrtc import WebRTCSession
 from session_server.webrtc.sideband import MAX_SIDEBANDS, Sideband
-from tests.conftest import running_server
+from tests.conftest import running_server, until_true
 from tests.realtime.client import RawClient
-from tests.webrtc.helpers import API_KEY, calls_of, until_true, webrtc_profile
+from tests.webrtc.helpers import API_KEY, calls_of, webrtc_profile
 
 
 @contextlib.asynccontextmanager
