@@ -54,7 +54,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import torch
@@ -70,7 +70,26 @@ from nodes.qwen3_omni.truncation import Item, items_to_drop
 if TYPE_CHECKING:
     from graph.messages import Truncation
     from nodes.qwen3_omni.model import OmniModel
-    from nodes.qwen3_omni.spare_row import SpareRow
+
+
+class OtherRow(Protocol):
+    """A KV row besides the session's own that a rebuild is made in and the session then adopts
+    (spare_row.py `SpareRow`; a protocol here so that the engine does not import its builder)."""
+
+    chunk_tokens: int  # its prefill chunks
+    role: Any  # the role after its last token
+    ids: list[int]  # the token ids it holds
+    positions_after: list[int]  # the next rotary position after each of them
+    instruction_ids: list[int]  # its first tokens, the session's instructions
+    built: list[Any]  # the items in it: `.segment`, `.start` (its first column), `.user_parts`
+    last_logits: torch.Tensor | None
+
+    @property
+    def next_position(self) -> int: ...
+    def row(self) -> int: ...
+    def append(self, ids: list[int], positions_after: list[int], logits: torch.Tensor) -> None: ...
+    def handed_over(self) -> int: ...
+
 
 # A reply must leave room for its closing `<|im_end|>\n`.
 _CLOSING_RESERVE = 2
@@ -600,7 +619,7 @@ class ThinkerSession:
         self._context_rebuilt(keep, reply_place)
         return keep
 
-    def _refeed(self, ids: list[int], media: dict[str, Any], into: SpareRow | None = None) -> Work:
+    def _refeed(self, ids: list[int], media: dict[str, Any], into: OtherRow | None = None) -> Work:
         """One segment's tokens through the model at the end of the context, or at the end of the
         spare row `into` (spare_row.py: the same tokens at the same positions as a rebuild in place
         would give them, in the spare's own chunks) -> its talker user parts."""
@@ -642,7 +661,7 @@ class ThinkerSession:
             else:
                 self._reply = None
 
-    def adopt_row(self, spare: SpareRow, instructions: list[Segment]) -> None:
+    def adopt_row(self, spare: OtherRow, instructions: list[Segment]) -> None:
         """The spare row, built and caught up (spare_row.py `adopt_work`), becomes this session's
         row and its context: the `instructions` segments, then the items built into it, at their
         places there; the old row goes back to the cache. Then as after a rebuild in place."""
@@ -779,7 +798,7 @@ class ThinkerSession:
         return positions.long() + (self.next_position if after is None else after)
 
     def _prefill_chunks(self, embeds, positions, deepstack, visual_mask, want_hidden,
-                        into: SpareRow | None = None) -> Work:
+                        into: OtherRow | None = None) -> Work:
         """The new tokens through the model in chunks of `prefill_chunk_tokens` (one forward request
         each) -> logits at the last token, accept-layer hidden states of all of them (or None).
         `into` (spare_row.py): into that row instead, in its own (smaller) chunks."""
