@@ -49,10 +49,11 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from session_server.realtime.call_link import CallLink
 from session_server.realtime.protocol import CLOSE_POLICY, RealtimeProtocol, ResponseState
+from session_server.realtime.reply_audio import RecentIds
 from session_server.realtime.voice_lookups import look_up_voices
 from session_server.webrtc.config import WebRTCConfig
 from session_server.webrtc.ice import apply_candidate_policy, filter_remote_candidates, rtc_configuration
-from session_server.webrtc.media import InputAudio, RecentIds, ReplyAudioTrack
+from session_server.webrtc.media import InputAudio, ReplyAudioTrack
 from session_server.webrtc.offer import OfferError, PeerConnection, check_offer
 
 log = logging.getLogger("session_server.webrtc")

@@ -12,6 +12,10 @@ waiting it sends silence, so the client's jitter buffer stays primed and a reply
 `clear()` drops what is queued: the next frame (at most 20 ms later) is silence, so barge-in
 stops the audio within one frame. `hold(True)` pauses the reply without dropping anything (silence
 frames go out meanwhile, not counted as underruns); `hold(False)` plays on from where it paused.
+The queue itself (resampling per response, finished and cleared replies, `played_ms`) is
+realtime/reply_audio.py's `ReplyAudioQueue`, shared with the phone line; the track keeps the
+wire's part: the pacing, `recv`'s s16 frames, the underrun count, and `on_started` /
+`on_stopped`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import av
 import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from session_server.realtime.reply_audio import ReplyAudioQueue
 
 TRACK_RATE = 48000
 FRAME_MS = 20
@@ -70,37 +76,6 @@ def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
     return array.mean(axis=1) if channels > 1 else array[:, 0]
 
 
-class RecentIds:
-    """A set that remembers only its `size` most recent ids (per-response bookkeeping stays
-    bounded however long a call lasts)."""
-
-    def __init__(self, size: int = 64):
-        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._size = size
-
-    def add(self, key: str) -> None:
-        self._ids[key] = None
-        self._ids.move_to_end(key)
-        while len(self._ids) > self._size:
-            self._ids.popitem(last=False)
-
-    def update(self, keys) -> None:
-        for key in keys:
-            self.add(key)
-
-    def discard(self, key: str) -> None:
-        self._ids.pop(key, None)
-
-    def clear(self) -> None:
-        self._ids.clear()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-
 class ReplyAudioTrack(MediaStreamTrack):
     """The server's outgoing audio track, paced in real time.
 
@@ -126,16 +101,7 @@ class ReplyAudioTrack(MediaStreamTrack):
         self._input_rate = input_rate
         self._clock = clock
         self._sleep = sleep
-        self._queue: collections.deque[tuple[str, np.ndarray]] = collections.deque()
-        self._queued = 0
-        self._resampler: soxr.ResampleStream | None = None
-        self._response_id: str | None = None  # response whose audio is queued
-        self._push_rate = input_rate
-        self._played: dict[str, int] = {}  # samples of each recent response that have left
-        self._finished = RecentIds()
-        self._dropped = RecentIds()  # cleared responses: their late audio is ignored
-        self._playing: str | None = None  # response whose frames are leaving now
-        self._held = False  # paused for a sound that may be a barge-in
+        self._reply = ReplyAudioQueue(TRACK_RATE, FRAME_SAMPLES)  # soxr's resampler
         self._start: float | None = None
         self._timestamp = 0
         self.frames_sent = 0
@@ -148,63 +114,36 @@ class ReplyAudioTrack(MediaStreamTrack):
     # ------------------------------------------------------------------ producer side
 
     def push(self, response_id: str, samples: np.ndarray, sample_rate: int | None = None) -> None:
-        if response_id in self._dropped:
-            return
-        rate = sample_rate or self._input_rate
-        if response_id != self._response_id or rate != self._push_rate:
-            self._response_id = response_id
-            self._push_rate = rate
-            self._resampler = None
-        if self._resampler is None:
-            self._resampler = soxr.ResampleStream(rate, TRACK_RATE, 1, dtype="float32", quality="HQ")
-        resampled = self._resampler.resample_chunk(np.asarray(samples, dtype=np.float32))
-        if resampled.size:
-            self._queue.append((response_id, _to_s16(resampled)))
-            self._queued += resampled.size
+        self._reply.push(response_id, samples, sample_rate or self._input_rate)
 
     def finish(self, response_id: str) -> None:
         """No more audio comes for `response_id`: flush the resampler's tail."""
-        if response_id == self._response_id and self._resampler is not None:
-            tail = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-            if tail.size:
-                self._queue.append((response_id, _to_s16(tail)))
-                self._queued += tail.size
-            self._resampler = None
-        self._finished.add(response_id)
+        self._reply.finish(response_id)
 
     def clear(self) -> str | None:
         """Drop all queued audio now. Returns the response that was audible, if any."""
-        audible = self._playing or (self._queue[0][0] if self._queue else None)
-        self._dropped.update(rid for rid, _ in self._queue)
-        self._dropped.update(rid for rid in (self._playing, self._response_id) if rid is not None)
-        self._queue.clear()
-        self._queued = 0
-        self._resampler = None
-        self._response_id = None
-        self._playing = None
-        self._finished.clear()
-        self._held = False
-        return audible
+        return self._reply.clear()
 
     def hold(self, held: bool) -> None:
         """Pause the reply audio (True) or play on from where it paused (False)."""
-        self._held = held
+        self._reply.hold(held)
 
     @property
     def held(self) -> bool:
-        return self._held
+        return self._reply.held
 
     @property
     def queued_ms(self) -> float:
-        return self._queued * 1000 / TRACK_RATE
+        return self._reply.queued_ms
 
     @property
     def playing(self) -> str | None:
-        return self._playing
+        """The response between its `on_started` and its `on_stopped`."""
+        return self._reply.playing
 
     def played_ms(self, response_id: str) -> float:
         """How much of `response_id`'s audio has left on the track (what the listener heard)."""
-        return self._played.get(response_id, 0) * 1000 / TRACK_RATE
+        return self._reply.played_ms(response_id)
 
     # ------------------------------------------------------------------ aiortc side
 
@@ -232,50 +171,32 @@ class ReplyAudioTrack(MediaStreamTrack):
 
     def _next_frame_pcm(self) -> np.ndarray:
         """One frame: reply audio when a whole frame (or a finished reply's tail) is queued, else silence."""
-        pcm = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        if self._held:
-            return pcm
-        if not self._queue:
-            self._maybe_stopped()
-            return pcm
-        response_id = self._queue[0][0]
-        whole = self._queued >= FRAME_SAMPLES or response_id in self._finished
-        if not whole:
-            if self._playing == response_id:
+        reply = self._reply
+        if reply.held:
+            return np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        response_id = reply.head
+        if response_id is None:
+            self._stopped_if_ended()
+            return np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if not reply.frame_due:
+            if reply.playing == response_id:
                 self.underruns += 1  # the producer is slower than real time
-            return pcm
-        if self._playing != response_id:
-            self._maybe_stopped()
-            self._playing = response_id
+            return np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if reply.playing != response_id:
+            self._stopped_if_ended()
+            reply.playing = response_id
             self._on_started(response_id)
-        filled = 0
-        while filled < FRAME_SAMPLES and self._queue and self._queue[0][0] == response_id:
-            _, chunk = self._queue[0]
-            take = min(FRAME_SAMPLES - filled, chunk.size)
-            pcm[filled:filled + take] = chunk[:take]
-            filled += take
-            self._queued -= take
-            if take == chunk.size:
-                self._queue.popleft()
-            else:
-                self._queue[0] = (response_id, chunk[take:])
+        frame = reply.take_frame()
         self.reply_frames_sent += 1
         self.reply_frame_times.append(self._clock())
-        self._played[response_id] = self._played.get(response_id, 0) + filled
-        if len(self._played) > 16:
-            del self._played[next(iter(self._played))]
-        if not self._queue or self._queue[0][0] != response_id:
-            self._maybe_stopped()
-        return pcm
+        if frame.last:
+            self._on_stopped(response_id)
+        return _to_s16(frame.samples)
 
-    def _maybe_stopped(self) -> None:
-        playing = self._playing
-        if playing is None:
-            return
-        if playing in self._finished and not any(rid == playing for rid, _ in self._queue):
-            self._playing = None
-            self._finished.discard(playing)
-            self._on_stopped(playing)
+    def _stopped_if_ended(self) -> None:
+        ended = self._reply.take_ended()
+        if ended is not None:
+            self._on_stopped(ended)
 
 
 def _to_s16(samples: np.ndarray) -> np.ndarray:
