@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from graph.executor import PRIORITY_REALTIME
 from graph.messages import ReplyParams, Turn
 from nodes.qwen3_omni import spare_row
 from tests.conftest import eventually
@@ -65,6 +66,8 @@ async def test_turns_go_on_during_a_build_ahead_and_one_that_needs_the_room_wait
             waiting, n = None, n + 1
             assert n < 80, "no turn needed the room"
     assert not spare.ready
+    # The rest of the build is live work now: at live priority, in the usual prefill chunks.
+    assert spare.priority == PRIORITY_REALTIME and spare.chunk_tokens == spare.session.prefill_chunk_tokens
     gate.set()
     if waiting is not None:
         done.append((await waiting)[-1])
