@@ -13,7 +13,8 @@ once the planned items are in, the build follows them: after each reply the item
 since (`since_built`) go into the spare too, at the same priority.
 
 When the truncation is needed (where it would be made in place: right after a reply, or before
-a turn that needs the room, which then waits for the rest of the build), `adopt_work` makes the
+a turn that needs the room, which then waits for the rest of the build, at live priority and
+in the usual prefill chunks: nodes/thinker.py `_adopt`), `adopt_work` makes the
 spare the session's row, between turns (never during a reply): the items the spare holds are
 compared with the session's history, segment by segment (the same segment, the same token ids),
 and what differs or came since the plan (the last reply, its closing, the turns since) is
