@@ -145,7 +145,10 @@ async def walk(worker: PipelineWorker, service: OpenAILiveLLMService, mute: User
     async with report.stepping("typed_turn"):
         done = await observed.server.next(0, "session.usage.updated")
         report.note(commentary_appended=bool(observed.server.since(0, "session.commentary.appended")),
-                    said=transcript(observed.server, 0, "session.output_transcript.delta"), audio_bytes=observed.audio_bytes,
+                    said=transcript(observed.server, 0, "session.output_transcript.delta"),
+                    # The reply's audio as the server sent it (as the mute step counts it): what
+                    # pipecat has handed on by now may still lag its last frames.
+                    audio_bytes=live_audio_bytes(observed.server, 0), framework_audio_bytes=observed.audio_bytes,
                     usage=done["usage"])
 
     async with report.stepping("spoken_turn"):
