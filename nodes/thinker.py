@@ -608,8 +608,8 @@ class ThinkerNodeSession(NodeSession):
         spare.adopting = True
         if not spare.settled.is_set() and not spare.closed:
             # Live work from now on: at live priority, and in the usual prefill chunks (the build's
-            # small ones bound what a live turn waits behind, but re-read the row's KV more often:
-            # at a 16k prefix they cost 1.2-1.6x as much per token; docs/notebook/2026-12-08-long-builds.md).
+            # small ones bound what a live turn waits behind, but re-read the row's KV more often,
+            # which costs more per token at long prefixes: docs/notebook/2026-12-08-long-builds.md).
             spare.priority = PRIORITY_REALTIME
             spare.chunk_tokens = self.engine.prefill_chunk_tokens
             if not spare.ready:
